@@ -1,0 +1,167 @@
+"""
+Exact Bayesian posterior predictives for every wind tunnel, entropies in bits, and the metrics.
+
+`oracle(task, batch)` gives the posterior predictive at every scored position, computed in
+float64 from the batch's latent parameters and its context only:
+- bijection: a key seen before has a point mass on its value; an unseen key is uniform over
+  the values not yet used, so after t distinct pairs H = log2(V - t);
+- hmm: the forward filter alpha_t(s) ∝ E(o_t | s) sum_s' T(s | s') alpha_{t-1}(s'), from a
+  uniform alpha_0, in log space;
+- regression: the conjugate posterior Sigma_t = (X^T X / sigma^2 + I / tau^2)^-1,
+  mu_t = Sigma_t X^T y / sigma^2 over the pairs before t; predictive
+  N(mu_t^T x_t, sigma^2 + x_t^T Sigma_t x_t);
+- recall: a point mass on the bound value.
+Categorical oracles are (B, T, C) probabilities (zero rows at unscored positions); regression
+returns (mean, var), each (B, T) (0 and 1 at unscored positions).
+
+Metrics (bits), accumulated over evaluation batches by `Metrics`:
+- mae_curve: the paper's "mean-curve" entropy MAE: average model and oracle entropy over
+  sequences at each query position first, then mean over positions of |difference|;
+- mae_token: mean over every scored (sequence, position) of |H_model - H_oracle| (>= mae_curve);
+- kl: KL(oracle || model) per scored position (the exact Gaussian KL for regression);
+- accuracy: argmax against the true answer (bijection and recall: the value; hmm: the hidden
+  state); oracle_accuracy is the Bayes decision's expected accuracy, mean of max_c p(c).
+Entropies of Gaussians are differential: H = 1/2 log2(2 pi e var).
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+LOG2 = math.log(2)
+
+
+def hmm_filter(trans, emit, obs):
+    """Filtering posteriors P(s_t | o_1..o_t), (B, K, S), float64, in log space.
+    trans (B, S, S) with trans[b, i, j] = P(s_{t+1}=j | s_t=i); emit (B, S, O); obs (B, K)."""
+    log_T, log_E = trans.double().log(), emit.double().log()
+    B, S, K = trans.shape[0], trans.shape[1], obs.shape[1]
+    log_e = log_E.gather(2, obs.unsqueeze(1).expand(B, S, K)).transpose(1, 2)  # (B, K, S) log E(o_t | s)
+    log_alpha = torch.full((B, S), -math.log(S), dtype=torch.float64, device=trans.device)  # uniform prior
+    out = []
+    for t in range(K):
+        if t > 0:  # predict: sum_s' alpha(s') T(s' -> s)
+            log_alpha = torch.logsumexp(log_alpha.unsqueeze(-1) + log_T, dim=1)
+        log_alpha = log_alpha + log_e[:, t]  # update with o_t
+        log_alpha = log_alpha - torch.logsumexp(log_alpha, -1, keepdim=True)
+        out.append(log_alpha)
+    return torch.stack(out, 1).exp()
+
+
+def bijection_posterior(task, batch):
+    """(B, L, V) posterior over pi(k_t) at each key position t."""
+    perm = batch.latent["perm"]
+    keys = batch.x[:, 0::2]  # (B, L)
+    vals = perm.gather(1, keys)
+    onehot = F.one_hot(vals, task.V).double()  # (B, L, V)
+    used = (onehot.cumsum(1) - onehot).clamp(max=1)  # values shown strictly before t
+    seen = ((keys.unsqueeze(2) == keys.unsqueeze(1)).tril(-1)).any(-1, keepdim=True)  # key shown before t
+    unseen = (1 - used) / (1 - used).sum(-1, keepdim=True)  # uniform over the unused values
+    return torch.where(seen, onehot, unseen)
+
+
+def regression_posterior(task, batch):
+    """Predictive (mean, var), each (B, K), of y_t given x_t and the pairs before t."""
+    xs, ys = batch.latent["xs"].double(), batch.latent["ys"].double()
+    B, K, d = xs.shape
+    s2, t2 = task.noise_std ** 2, task.prior_std ** 2
+    means, vars_ = [], []
+    for t in range(K):
+        X, y, x = xs[:, :t], ys[:, :t], xs[:, t]
+        precision = X.transpose(1, 2) @ X / s2 + torch.eye(d, dtype=torch.float64) / t2  # Sigma_t^-1
+        Sigma = torch.linalg.inv(precision)
+        mu = Sigma @ (X.transpose(1, 2) @ y.unsqueeze(-1)) / s2  # (B, d, 1)
+        means.append((x.unsqueeze(1) @ mu).view(B))
+        vars_.append(s2 + (x.unsqueeze(1) @ Sigma @ x.unsqueeze(-1)).view(B))
+    return torch.stack(means, 1), torch.stack(vars_, 1)
+
+
+def oracle(task, batch):
+    """The exact posterior predictive at every scored position (see the module docstring)."""
+    m = batch.mask
+    B, T = m.shape
+    if task.gaussian:
+        mean = torch.zeros(B, T, dtype=torch.float64)
+        var = torch.ones(B, T, dtype=torch.float64)
+        mean[m], var[m] = [t.reshape(-1) for t in regression_posterior(task, batch)]
+        return mean, var
+    probs = torch.zeros(B, T, task.n_classes, dtype=torch.float64)
+    if task.name == "bijection":
+        probs[m] = bijection_posterior(task, batch).reshape(-1, task.n_classes)
+    elif task.name == "hmm":
+        lat = batch.latent
+        probs[m] = hmm_filter(lat["trans"], lat["emit"], lat["obs"]).reshape(-1, task.n_classes)
+    elif task.name == "recall":
+        probs[m] = F.one_hot(batch.latent["answer"][m], task.n_classes).double()
+    else:
+        raise ValueError(f"no oracle for task {task.name!r}")
+    return probs
+
+
+def entropy_bits(p):
+    """H = -sum p log2 p over the last dim, with 0 log 0 = 0."""
+    return -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1) / LOG2
+
+
+def gaussian_entropy_bits(var):
+    return 0.5 * torch.log2(2 * math.pi * math.e * var)
+
+
+def gaussian_kl_bits(m0, v0, m1, v1):
+    """KL(N(m0, v0) || N(m1, v1)) in bits."""
+    return 0.5 * (torch.log(v1 / v0) + (v0 + (m0 - m1) ** 2) / v1 - 1) / LOG2
+
+
+def true_answer(task, batch):
+    """(B, T) index of the true answer class at scored positions (hmm: the hidden state)."""
+    if task.name == "hmm":
+        ans = torch.zeros_like(batch.mask, dtype=torch.long)
+        ans[batch.mask] = batch.latent["states"].reshape(-1)
+        return ans
+    return batch.y
+
+
+class Metrics:
+    """Accumulates model-vs-oracle statistics over evaluation batches; `result()` gives bits."""
+
+    def __init__(self):
+        self.n = 0  # scored tokens
+        self.seqs = 0
+        self.sums = dict(abs=0.0, kl=0.0, correct=0.0, oracle_correct=0.0)
+        self.curve_model = self.curve_oracle = None  # per query position sums
+
+    @torch.no_grad()
+    def update(self, task, batch, out):
+        m = batch.mask.cpu()
+        B, Q = m.shape[0], int(m[0].sum())
+        out = out.detach().double().cpu()
+        if task.gaussian:
+            mean, var = oracle(task, batch)
+            q_mean, q_var = out[..., 0][m], out[..., 1][m].exp()
+            H_model, H_oracle = gaussian_entropy_bits(q_var), gaussian_entropy_bits(var[m])
+            kl = gaussian_kl_bits(mean[m], var[m], q_mean, q_var)
+        else:
+            p = oracle(task, batch)[m]
+            log_q = F.log_softmax(out[m], -1)
+            H_model, H_oracle = entropy_bits(log_q.exp()), entropy_bits(p)
+            kl = (p * (torch.where(p > 0, p.log(), torch.zeros_like(p)) - log_q)).sum(-1) / LOG2
+            ans = true_answer(task, batch).cpu()[m]
+            self.sums["correct"] += (log_q.argmax(-1) == ans).sum().item()
+            self.sums["oracle_correct"] += p.max(-1).values.sum().item()
+        H_model, H_oracle = H_model.view(B, Q), H_oracle.view(B, Q)
+        self.sums["abs"] += (H_model - H_oracle).abs().sum().item()
+        self.sums["kl"] += kl.sum().item()
+        cm, co = H_model.sum(0), H_oracle.sum(0)
+        self.curve_model = cm if self.curve_model is None else self.curve_model + cm
+        self.curve_oracle = co if self.curve_oracle is None else self.curve_oracle + co
+        self.n += B * Q
+        self.seqs += B
+
+    def result(self, task):
+        cm, co = self.curve_model / self.seqs, self.curve_oracle / self.seqs
+        r = dict(mae_curve=(cm - co).abs().mean().item(), mae_token=self.sums["abs"] / self.n,
+                 kl=self.sums["kl"] / self.n, n_sequences=self.seqs)
+        if not task.gaussian:
+            r.update(accuracy=self.sums["correct"] / self.n, oracle_accuracy=self.sums["oracle_correct"] / self.n)
+        r.update(curve_model=cm.tolist(), curve_oracle=co.tolist())
+        return r

@@ -1,0 +1,305 @@
+"""
+The Bayesian wind tunnels: tasks whose exact posterior is known at every position.
+
+Every sequence draws fresh latent parameters (a permutation, an HMM, a weight vector, a
+key-value binding), so the hypothesis space cannot be memorised and the model must infer
+in context. Each task is a small dataclass: its fields are the options (`make_task(name, **opts)`),
+`sample(batch_size, generator)` returns a `Batch`, and `loss(out, batch)` is the training loss.
+
+    Batch.x       (B, T) int64 tokens, or (B, T, F) float features (regression)
+    Batch.y       target at every position: class index (-100 where unscored), the oracle
+                  posterior (B, T, C) for soft-target tasks, or the real target (regression)
+    Batch.mask    (B, T) bool, the scored positions; the i-th True entry of mask[b] is query i
+    Batch.latent  dict of per-sequence hidden parameters, the names the oracle relies on
+
+Model I/O is described by attributes every task has: `vocab_size` (0 for real inputs),
+`n_features`, `n_classes` (answer classes C; the model outputs (B, T, C), or (B, T, 2) =
+(mean, log-variance) when `gaussian`), `answer_offset` (token id of answer class 0 when the
+answers are tokens, which lets a model tie its head to the embedding) and `seq_len` (T).
+
+Design decisions (see shared/reference/paper_bayesian_wind_tunnels.md §2):
+- bijection: the authors' analysed "sepvocab" format, keys 0..V-1 and values V..2V-1,
+  `k1 v1 k2 v2 ... kL`, every key position a query; L defaults to V-1 = 19 as in their
+  analysed checkpoint (the position-only predictor then scores 1.107 bits; L=V adds a final
+  position that is always determined).
+- hmm: the authors' header of probability tokens `[TRANS] T.. [EMIT] E.. [SEP]` then
+  `[OBS] o1 [OBS] o2 ...`; rows ~ Dirichlet(1), by default floored at 0.05 and put on a
+  2-decimal grid (authors' code) so the header states the matrices exactly. With
+  `discretize=False` the header shows the rounded matrices while the oracle uses the exact ones.
+- regression (not in the paper; the standard conjugate setting): tokens alternate
+  [x_i, 0, 1] and [0, y_i, 0]; y_i is predicted at the x_i token.
+- recall: the authors' generator layout `[STORE k SEP v] x N, FILLER x F, then QUERY k PAD`
+  with F/2 fillers between queries; the bound value is read at the query key position (causal).
+"""
+from dataclasses import dataclass, field, fields
+import math
+
+import torch
+import torch.nn.functional as F
+
+from oracles import hmm_filter
+
+IGNORE = -100
+
+
+@dataclass
+class Batch:
+    x: torch.Tensor
+    y: torch.Tensor
+    mask: torch.Tensor
+    latent: dict = field(default_factory=dict)
+
+    def to(self, device):
+        mv = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t
+        return Batch(mv(self.x), mv(self.y), mv(self.mask), {k: mv(v) for k, v in self.latent.items()})
+
+
+def check(ok, msg):
+    if not ok:
+        raise ValueError(msg)
+
+
+class Task:
+    """Shared plumbing: the loss for each kind of target. Subclasses are dataclasses."""
+    gaussian = False  # real-valued prediction with a Gaussian head
+    soft_targets = False  # y is a distribution (B, T, C)
+    vocab_size = 0
+    n_features = 0
+    answer_offset = None
+
+    @property
+    def name(self):
+        return next(k for k, v in TASKS.items() if v is type(self))
+
+    def options(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def loss(self, out, batch):
+        m = batch.mask
+        if self.gaussian:
+            # Gaussian negative log-likelihood, out = (mean, log-variance)
+            mean, logvar = out[..., 0][m], out[..., 1][m]
+            return 0.5 * (logvar + (batch.y[m] - mean) ** 2 * torch.exp(-logvar) + math.log(2 * math.pi)).mean()
+        if self.soft_targets:
+            # cross-entropy against the posterior: -sum_s alpha_t(s) log q_t(s)
+            return -(batch.y[m] * F.log_softmax(out[m].float(), -1)).sum(-1).mean()
+        return F.cross_entropy(out[m].float(), batch.y[m])
+
+
+def uniform_choice_without_replacement(B, n, k, g):
+    """(B, k) indices into range(n), distinct within each row."""
+    return torch.rand(B, n, generator=g).argsort(-1)[:, :k]
+
+
+# -----------------------------------------------------------------------------
+# bijection elimination: belief accumulation
+
+@dataclass
+class Bijection(Task):
+    V: int = 20  # size of the key and value alphabets; pi is a permutation of range(V)
+    L: int = None  # number of key positions (queries); None means V-1
+    with_replacement: bool = False  # keys drawn with replacement (seen keys become 0-bit queries)
+
+    def __post_init__(self):
+        check(isinstance(self.V, int) and self.V >= 2, f"bijection: V must be an int >= 2, got {self.V}")
+        if self.L is None:
+            self.L = self.V - 1
+        check(isinstance(self.L, int) and self.L >= 1, f"bijection: L must be an int >= 1, got {self.L}")
+        check(self.with_replacement or self.L <= self.V,
+              f"bijection: without replacement L must be <= V={self.V}, got L={self.L}")
+        self.vocab_size = 2 * self.V
+        self.n_classes = self.V
+        self.answer_offset = self.V
+        self.seq_len = 2 * self.L - 1
+
+    def sample(self, batch_size, generator=None):
+        B, V, L = batch_size, self.V, self.L
+        perm = torch.rand(B, V, generator=generator).argsort(-1)  # perm[b, key] = value
+        if self.with_replacement:
+            keys = torch.randint(V, (B, L), generator=generator)
+        else:
+            keys = uniform_choice_without_replacement(B, V, L, generator)
+        vals = perm.gather(1, keys)
+        x = torch.empty(B, 2 * L, dtype=torch.long)
+        x[:, 0::2], x[:, 1::2] = keys, vals + V
+        x = x[:, :-1]  # the last value is never shown: its key is the last query
+        y = torch.full_like(x, IGNORE)
+        y[:, 0::2] = vals
+        return Batch(x, y, y != IGNORE, dict(perm=perm))
+
+
+# -----------------------------------------------------------------------------
+# HMM filtering: belief accumulation + transport
+
+def dirichlet1(shape, g):
+    """Rows ~ Dirichlet(1, ..., 1): normalised Exp(1) draws."""
+    e = -torch.log1p(-torch.rand(shape, generator=g, dtype=torch.float64))
+    return e / e.sum(-1, keepdim=True)
+
+
+def to_cents_grid(p, floor=5):
+    """Floor at 0.05, renormalise, then round to integer cents >= floor with rows summing to 100
+    (the authors' discretisation): add a cent to the smallest entry / take one from the largest
+    until each row sums to exactly 1.00."""
+    p = p.clamp(min=floor / 100)
+    p = p / p.sum(-1, keepdim=True)
+    c = torch.round(p * 100).long().clamp(min=floor)
+    while True:
+        diff = 100 - c.sum(-1)  # (...,)
+        if not diff.any():
+            return c
+        inc = F.one_hot(c.argmin(-1), c.shape[-1]) * (diff > 0).unsqueeze(-1)
+        dec = F.one_hot(c.argmax(-1), c.shape[-1]) * (diff < 0).unsqueeze(-1)
+        c = c + inc - dec
+
+
+def categorical(probs, g):
+    """One draw per row of probs (..., n) by inverting the CDF."""
+    u = torch.rand(probs.shape[:-1] + (1,), generator=g, dtype=probs.dtype)
+    return (probs.cumsum(-1) < u).sum(-1).clamp(max=probs.shape[-1] - 1)
+
+
+@dataclass
+class HMM(Task):
+    n_states: int = 5  # S hidden states
+    n_obs: int = 5  # O observation symbols
+    K: int = 20  # observations per sequence (the paper trains at 20, evaluates also at 30 and 50)
+    discretize: bool = True  # 0.05 floor + 2-decimal grid so the header is exact (authors' code)
+
+    soft_targets = True
+
+    def __post_init__(self):
+        for k in ("n_states", "n_obs", "K"):
+            v = getattr(self, k)
+            check(isinstance(v, int) and v >= 1, f"hmm: {k} must be an int >= 1, got {v}")
+        check(self.n_states >= 2, f"hmm: n_states must be >= 2, got {self.n_states}")
+        check(not self.discretize or max(self.n_states, self.n_obs) <= 20,
+              "hmm: with discretize=True the 0.05 floor allows at most 20 states/symbols")
+        S, O = self.n_states, self.n_obs
+        # tokens: 0..100 = probability in cents, then [TRANS] [EMIT] [SEP] [OBS], then symbols
+        self.TRANS, self.EMIT, self.SEP, self.OBS = 101, 102, 103, 104
+        self.vocab_size = 105 + O
+        self.header_len = 3 + S * S + S * O
+        self.seq_len = self.header_len + 2 * self.K
+        self.n_classes = S
+
+    def sample(self, batch_size, generator=None):
+        B, S, O, K, g = batch_size, self.n_states, self.n_obs, self.K, generator
+        trans, emit = dirichlet1((B, S, S), g), dirichlet1((B, S, O), g)
+        if self.discretize:
+            tc, ec = to_cents_grid(trans), to_cents_grid(emit)
+            trans, emit = tc.double() / 100, ec.double() / 100
+        else:
+            tc, ec = torch.round(trans * 100).long(), torch.round(emit * 100).long()
+        states = torch.empty(B, K, dtype=torch.long)
+        states[:, 0] = torch.randint(S, (B,), generator=g)  # uniform initial state
+        for t in range(1, K):
+            states[:, t] = categorical(trans[torch.arange(B), states[:, t - 1]], g)
+        obs = categorical(emit.gather(1, states.unsqueeze(-1).expand(B, K, O)), g)  # (B, K)
+
+        col = lambda tok: torch.full((B, 1), tok, dtype=torch.long)
+        steps = torch.stack([torch.full_like(obs, self.OBS), obs + 105], -1).view(B, 2 * K)
+        x = torch.cat([col(self.TRANS), tc.view(B, -1), col(self.EMIT), ec.view(B, -1), col(self.SEP), steps], 1)
+        mask = torch.zeros(B, self.seq_len, dtype=torch.bool)
+        mask[:, self.header_len + 1::2] = True  # the observation-symbol tokens
+        y = torch.zeros(B, self.seq_len, S)
+        y[mask] = hmm_filter(trans, emit, obs).float().reshape(-1, S)
+        return Batch(x, y, mask, dict(trans=trans, emit=emit, obs=obs, states=states))
+
+
+# -----------------------------------------------------------------------------
+# Bayesian linear regression: accumulation with a continuous latent
+
+@dataclass
+class Regression(Task):
+    d: int = 8  # input dimension
+    K: int = 16  # (x, y) pairs per sequence
+    noise_std: float = 0.5  # sigma: y = w.x + N(0, sigma^2)
+    prior_std: float = 1.0  # tau: w ~ N(0, tau^2 I)
+
+    gaussian = True
+
+    def __post_init__(self):
+        check(isinstance(self.d, int) and self.d >= 1, f"regression: d must be an int >= 1, got {self.d}")
+        check(isinstance(self.K, int) and self.K >= 1, f"regression: K must be an int >= 1, got {self.K}")
+        check(self.noise_std > 0 and self.prior_std > 0, "regression: noise_std and prior_std must be > 0")
+        self.n_features = self.d + 2
+        self.n_classes = 2  # (mean, log-variance)
+        self.seq_len = 2 * self.K
+
+    def sample(self, batch_size, generator=None):
+        B, d, K, g = batch_size, self.d, self.K, generator
+        w = torch.randn(B, d, generator=g, dtype=torch.float64) * self.prior_std
+        xs = torch.randn(B, K, d, generator=g, dtype=torch.float64)
+        ys = (xs @ w.unsqueeze(-1)).squeeze(-1) + self.noise_std * torch.randn(B, K, generator=g, dtype=torch.float64)
+        x = torch.zeros(B, K, 2, d + 2)
+        x[:, :, 0, :d], x[:, :, 0, d + 1] = xs.float(), 1.0  # x token: [x_i, 0, 1]
+        x[:, :, 1, d] = ys.float()  # y token: [0, y_i, 0]
+        x = x.view(B, 2 * K, d + 2)
+        y = torch.zeros(B, K, 2)
+        y[:, :, 0] = ys.float()
+        mask = torch.zeros(B, K, 2, dtype=torch.bool)
+        mask[:, :, 0] = True
+        return Batch(x, y.view(B, 2 * K), mask.view(B, 2 * K), dict(w=w, xs=xs, ys=ys))
+
+
+# -----------------------------------------------------------------------------
+# associative recall: random-access binding
+
+@dataclass
+class Recall(Task):
+    n_pairs: int = 64  # N stored key-value pairs
+    n_queries: int = 3  # M queries of distinct stored keys
+    key_vocab: int = 256  # keys drawn without replacement from this many tokens
+    value_vocab: int = 256  # values drawn without replacement from this many tokens
+    filler: int = 32  # F filler tokens after the store section; F//2 between queries
+
+    PAD, STORE, FILLER, QUERY, SEP = 0, 1, 2, 3, 4
+
+    def __post_init__(self):
+        for k in ("n_pairs", "n_queries", "key_vocab", "value_vocab"):
+            v = getattr(self, k)
+            check(isinstance(v, int) and v >= 1, f"recall: {k} must be an int >= 1, got {v}")
+        check(isinstance(self.filler, int) and self.filler >= 0, f"recall: filler must be an int >= 0, got {self.filler}")
+        check(self.n_pairs <= min(self.key_vocab, self.value_vocab),
+              f"recall: n_pairs={self.n_pairs} needs key_vocab and value_vocab >= n_pairs "
+              f"(got {self.key_vocab}, {self.value_vocab})")
+        check(self.n_queries <= self.n_pairs, f"recall: n_queries={self.n_queries} must be <= n_pairs={self.n_pairs}")
+        self.key_offset = 5
+        self.answer_offset = self.key_offset + self.key_vocab
+        self.vocab_size = self.answer_offset + self.value_vocab
+        self.n_classes = self.value_vocab
+        self.seq_len = 4 * self.n_pairs + self.filler + 3 * self.n_queries + (self.n_queries - 1) * (self.filler // 2)
+
+    def sample(self, batch_size, generator=None):
+        B, N, M, g = batch_size, self.n_pairs, self.n_queries, generator
+        keys = uniform_choice_without_replacement(B, self.key_vocab, N, g)
+        vals = uniform_choice_without_replacement(B, self.value_vocab, N, g)
+        which = uniform_choice_without_replacement(B, N, M, g)  # which stored pairs are queried
+        col = lambda tok, n=1: torch.full((B, n), tok, dtype=torch.long)
+        store = torch.stack([col(self.STORE, N), keys + self.key_offset, col(self.SEP, N), vals + self.answer_offset], -1)
+        parts, mask_parts = [store.view(B, 4 * N), col(self.FILLER, self.filler)], []
+        for i in range(M):
+            if i > 0:
+                parts.append(col(self.FILLER, self.filler // 2))
+            parts.append(torch.cat([col(self.QUERY), keys.gather(1, which[:, i:i + 1]) + self.key_offset, col(self.PAD)], 1))
+        x = torch.cat(parts, 1)
+        is_query_key = torch.zeros_like(x, dtype=torch.bool)
+        is_query_key[:, 1:] = x[:, :-1] == self.QUERY
+        answer = torch.full_like(x, IGNORE)
+        answer[is_query_key] = vals.gather(1, which).reshape(-1)
+        return Batch(x, answer, is_query_key, dict(answer=answer))
+
+
+TASKS = {"bijection": Bijection, "hmm": HMM, "regression": Regression, "recall": Recall}
+
+
+def make_task(name, **overrides):
+    """Build a task by name; unknown names or options raise ValueError naming the valid ones."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
+    valid = [f.name for f in fields(TASKS[name])]
+    bad = [k for k in overrides if k not in valid]
+    if bad:
+        raise ValueError(f"unknown option(s) {', '.join(bad)} for task {name!r}; valid options: {', '.join(valid)}")
+    return TASKS[name](**overrides)

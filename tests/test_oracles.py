@@ -1,0 +1,137 @@
+"""Every oracle against an independent brute-force computation, and the metrics on hand-made cases."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from oracles import Metrics, entropy_bits, gaussian_entropy_bits, oracle
+from tasks import IGNORE, make_task
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("opts", [dict(V=5, L=5), dict(V=4, L=3), dict(V=4, L=7, with_replacement=True)])
+def test_bijection_against_enumerated_permutations(opts):
+    task = make_task("bijection", **opts)
+    batch = task.sample(8, gen(1))
+    probs = oracle(task, batch)
+    V = task.V
+    for b in range(8):
+        keys, vals = batch.x[b, 0::2].tolist(), (batch.x[b, 1::2] - V).tolist()
+        for t, k in enumerate(keys):
+            shown = list(zip(keys[:t], vals[:t]))
+            consistent = [p for p in itertools.permutations(range(V)) if all(p[kk] == vv for kk, vv in shown)]
+            brute = torch.zeros(V, dtype=torch.float64)
+            for p in consistent:
+                brute[p[k]] += 1 / len(consistent)
+            assert torch.allclose(probs[b, 2 * t], brute, atol=1e-12)
+    assert torch.allclose(probs[batch.mask].sum(-1), torch.ones(int(batch.mask.sum()), dtype=torch.float64))
+
+
+def test_bijection_entropy_curve_is_log2_V_minus_t():
+    task = make_task("bijection")  # V=20, L=19, without replacement
+    batch = task.sample(16, gen(2))
+    H = entropy_bits(oracle(task, batch)[batch.mask]).view(16, task.L)
+    expected = torch.tensor([math.log2(20 - t) for t in range(19)], dtype=torch.float64)
+    assert torch.allclose(H, expected.expand(16, -1), atol=1e-12)
+
+
+@pytest.mark.parametrize("discretize", [True, False])
+def test_hmm_against_sum_over_paths(discretize):
+    task = make_task("hmm", n_states=3, n_obs=2, K=5, discretize=discretize)
+    batch = task.sample(4, gen(3))
+    probs = oracle(task, batch)[batch.mask].view(4, 5, 3)
+    T, E, obs = batch.latent["trans"], batch.latent["emit"], batch.latent["obs"]
+    for b in range(4):
+        for t in range(5):
+            post = torch.zeros(3, dtype=torch.float64)
+            for path in itertools.product(range(3), repeat=t + 1):
+                p = 1 / 3 * E[b, path[0], obs[b, 0]]
+                for i in range(1, t + 1):
+                    p = p * T[b, path[i - 1], path[i]] * E[b, path[i], obs[b, i]]
+                post[path[-1]] += p
+            assert torch.allclose(probs[b, t], post / post.sum(), atol=1e-12)
+
+
+def test_hmm_header_states_the_matrices_exactly():
+    task = make_task("hmm")
+    batch = task.sample(32, gen(4))
+    S, O = task.n_states, task.n_obs
+    header = batch.x[:, :task.header_len]
+    trans = header[:, 1:1 + S * S].view(-1, S, S).double() / 100
+    emit = header[:, 2 + S * S:2 + S * S + S * O].view(-1, S, O).double() / 100
+    assert torch.equal(trans, batch.latent["trans"]) and torch.equal(emit, batch.latent["emit"])
+    assert (trans >= 0.05).all() and torch.allclose(trans.sum(-1), torch.ones(32, S, dtype=torch.float64))
+    assert (batch.x[batch.mask] - 105 == batch.latent["obs"].reshape(-1)).all()
+    assert torch.allclose(batch.y[batch.mask].double(), oracle(task, batch)[batch.mask], atol=1e-6)
+
+
+def test_regression_against_joint_gaussian_conditioning():
+    task = make_task("regression", d=3, K=6, noise_std=0.3, prior_std=1.5)
+    batch = task.sample(5, gen(5))
+    mean, var = oracle(task, batch)
+    xs, ys = batch.latent["xs"], batch.latent["ys"]
+    s2, t2 = task.noise_std ** 2, task.prior_std ** 2
+    for b in range(5):
+        # (y_1..y_K) is jointly Gaussian: Cov(y_i, y_j) = tau^2 x_i.x_j + sigma^2 [i = j]
+        cov = t2 * xs[b] @ xs[b].T + s2 * torch.eye(6, dtype=torch.float64)
+        for t in range(6):
+            c, C = cov[t, :t], cov[:t, :t]
+            m = c @ torch.linalg.solve(C, ys[b, :t]) if t else torch.tensor(0.0, dtype=torch.float64)
+            v = cov[t, t] - (c @ torch.linalg.solve(C, c) if t else 0)
+            assert math.isclose(mean[b, 2 * t].item(), m.item(), abs_tol=1e-9)
+            assert math.isclose(var[b, 2 * t].item(), v.item(), rel_tol=1e-9)
+
+
+def test_recall_oracle_is_the_bound_value():
+    task = make_task("recall", n_pairs=6, n_queries=4, key_vocab=10, value_vocab=9, filler=4)
+    batch = task.sample(8, gen(6))
+    probs = oracle(task, batch)
+    for b in range(8):
+        seq = batch.x[b].tolist()
+        store = {seq[4 * i + 1]: seq[4 * i + 3] - task.answer_offset for i in range(6)}
+        queries = [t for t in range(len(seq)) if batch.mask[b, t]]
+        assert len(queries) == 4
+        for t in queries:
+            assert seq[t - 1] == task.QUERY
+            assert probs[b, t].argmax().item() == store[seq[t]] and probs[b, t].max() == 1
+            assert batch.y[b, t] == store[seq[t]]
+    assert (batch.y[~batch.mask] == IGNORE).all()
+
+
+def test_metric_conventions_on_hand_made_outputs():
+    # bijection V=8, L=2: the oracle says 3 bits at the first key and log2(7) at the second
+    task = make_task("bijection", V=8, L=2)
+    batch = task.sample(2, gen(7))
+    out = torch.zeros(2, 3, 8)
+    out[0, 2, 4:] = -1e9  # sequence 0, second key: uniform over 4 values (2 bits)
+    m = Metrics()
+    m.update(task, batch, out)  # sequence 1, second key: uniform over 8 (3 bits)
+    r = m.result(task)
+    h7 = math.log2(7)
+    assert math.isclose(r["mae_curve"], abs(2.5 - h7) / 2, abs_tol=1e-9)  # means per position first
+    assert math.isclose(r["mae_token"], ((h7 - 2) + (3 - h7)) / 2 / 2, abs_tol=1e-9)  # per token
+    assert r["mae_token"] >= r["mae_curve"]
+    assert r["curve_oracle"] == pytest.approx([3.0, h7])
+
+
+def test_kl_is_zero_for_the_oracle_itself():
+    for name, opts in [("hmm", dict(K=6)), ("bijection", dict(V=6)), ("regression", dict(K=5))]:
+        task = make_task(name, **opts)
+        batch = task.sample(16, gen(8))
+        if task.gaussian:
+            mean, var = oracle(task, batch)
+            out = torch.stack([mean, var.log()], -1)
+        else:
+            out = oracle(task, batch).clamp(min=1e-300).log()
+        r = Metrics()
+        r.update(task, batch, out)
+        r = r.result(task)
+        assert r["kl"] < 1e-9 and r["mae_token"] < 1e-9, name
+
+
+def test_gaussian_entropy_known_value():
+    assert math.isclose(gaussian_entropy_bits(torch.tensor(1 / (2 * math.pi * math.e))).item(), 0.0, abs_tol=1e-12)

@@ -1,0 +1,81 @@
+"""The transformer: causality (outputs and gradients), the explicit-attention path, masks, I/O heads."""
+import pytest
+import torch
+
+from transformer import Transformer, TransformerConfig
+
+
+def tiny(**kw):
+    c = dict(vocab_size=12, n_classes=5, answer_offset=7, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    return Transformer(TransformerConfig(**(c | kw))).double()
+
+
+@pytest.mark.parametrize("pos", ["learned", "rotary", "none"])
+def test_causal_under_future_perturbation(pos):
+    model = tiny(pos=pos)
+    x = torch.randint(12, (3, 16))
+    out = model(x)
+    for t in (0, 5, 14):
+        x2 = x.clone()
+        x2[:, t + 1:] = torch.randint(12, (3, 15 - t))
+        assert torch.allclose(model(x2)[:, :t + 1], out[:, :t + 1], atol=1e-12)
+
+
+def test_gradients_do_not_flow_from_the_future():
+    model = tiny(vocab_size=0, n_features=4, gaussian=True, answer_offset=None)
+    x = torch.randn(2, 10, 4, dtype=torch.float64, requires_grad=True)
+    out = model(x)
+    assert out.shape == (2, 10, 2)
+    for t in (0, 4, 8):
+        (g,) = torch.autograd.grad(out[:, t].sum(), x, retain_graph=True)
+        assert g[:, t + 1:].abs().max() == 0 and g[:, :t + 1].abs().max() > 0
+
+
+def test_explicit_attention_matches_sdpa_and_returns_internals():
+    model = tiny()
+    x = torch.randint(12, (2, 16))
+    out, inside = model(x, return_internals=True)
+    assert torch.allclose(out, model(x), atol=1e-12)
+    L = inside["layers"][0]
+    assert L["q"].shape == (2, 2, 16, 8) and L["att"].shape == (2, 2, 16, 16)
+    assert torch.allclose(L["att"].sum(-1), torch.ones(2, 2, 16, dtype=torch.float64))
+    assert (L["att"].triu(1) == 0).all()
+    assert torch.allclose(model(x, head_mask=torch.ones(2, 2)), out, atol=1e-12)
+
+
+def test_masking_every_head_equals_zeroing_the_attention_output():
+    model = tiny()
+    x = torch.randint(12, (2, 16))
+    mask = torch.ones(2, 2)
+    mask[1] = 0
+    masked = model(x, head_mask=mask)
+    # by hand: layer 1 keeps only its MLP (the attention projection's bias remains)
+    with torch.no_grad():
+        blk = model.blocks[1]
+        h = model.blocks[0](model.wte(x) + model.wpe(torch.arange(16)))
+        h = h + blk.attn.c_proj.bias
+        h = h + blk.mlp(blk.ln_2(h))
+        ref = model.ln_f(h) @ model.wte.weight[7:12].T
+    assert torch.allclose(masked, ref, atol=1e-12)
+    skipped = model(x, skip_layers={1})
+    h0 = model.ln_f(model.blocks[0](model.wte(x) + model.wpe(torch.arange(16))))
+    assert torch.allclose(skipped, h0 @ model.wte.weight[7:12].T, atol=1e-12)
+
+
+def test_tied_head_reads_the_answer_token_embeddings():
+    model = tiny()
+    assert model.head is None
+    untied = tiny(tie_head=False)
+    assert untied.head.weight.shape == (5, 16)
+    assert untied.num_params() == model.num_params() + 5 * 16 + 5
+
+
+def test_bad_configs_and_too_long_sequences():
+    with pytest.raises(ValueError, match="block_size"):
+        tiny()(torch.randint(12, (1, 17)))
+    with pytest.raises(ValueError, match="n_head"):
+        tiny(n_embd=15)
+    with pytest.raises(ValueError, match="pos must be one of"):
+        tiny(pos="alibi")
+    tiny(pos="rotary")(torch.randint(12, (1, 40)))  # rotary has no fixed table

@@ -1,0 +1,397 @@
+"""
+Train any model on any wind tunnel, score it against the exact posterior, save a checkpoint.
+
+    python train.py --task recall --model transformer           # quick CPU defaults
+    python train.py --task hmm --model transformer --preset paper   # the paper's sizes (GPU)
+    python train.py --task bijection --resume                    # continue out/bijection_transformer
+    python train.py --task bijection --eval_only                 # re-evaluate its checkpoint
+
+Settings come from three layers: the defaults in TRAIN and in each task/model dataclass, then
+the preset for the task (PRESETS), then the command line (`--key value` or `--key=value`).
+Task options (e.g. --V, --K) and model options (e.g. --n_layer) are flags too; `--help` lists
+those of the chosen --task and --model.
+
+Recipe (AdamW, linear warmup then cosine decay, gradient clipping) with a fresh batch every
+step from a seeded generator, every scored position supervised. Evaluation uses held-out
+sequences from a fixed seed; hmm is also evaluated at K = 30 and 50 (length generalisation).
+A run writes `ckpt.pt` and `results.json` (config, parameter count, every metric, per-position
+model vs oracle entropy curves, history, wall time, device, seed, code version) to --out_dir.
+Checkpoints hold only tensors and plain values and load with weights_only=True.
+"""
+import argparse
+from contextlib import nullcontext
+from dataclasses import asdict, fields
+import difflib
+import inspect
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+import torch
+
+from oracles import Metrics
+from tasks import TASKS, make_task
+from transformer import Transformer, TransformerConfig
+
+MODELS = {"transformer": (TransformerConfig, Transformer)}
+IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # set from the task
+
+TRAIN = {  # name: (default, help); presets and flags override
+    "out_dir": ("", "where to write ckpt.pt and results.json (default out/<task>_<model>)"),
+    "seed": (1337, "seed for the model init and the training batches"),
+    "device": ("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps"),
+    "dtype": ("auto", "auto (bfloat16 autocast on CUDA, else float32) | float32 | bfloat16"),
+    "compile": (False, "torch.compile the model (falls back to eager if compilation fails)"),
+    "max_iters": (2000, "training steps"),
+    "batch_size": (64, "sequences per step (fresh every step)"),
+    "lr": (1e-3, "peak learning rate"),
+    "min_lr_ratio": (0.1, "final learning rate as a fraction of --lr (cosine decay)"),
+    "warmup_iters": (100, "linear warmup steps"),
+    "weight_decay": (0.01, "AdamW weight decay on matrices and embeddings"),
+    "beta1": (0.9, "AdamW beta1"),
+    "beta2": (0.99, "AdamW beta2"),
+    "grad_clip": (1.0, "clip the gradient norm to this (0 = off)"),
+    "log_interval": (50, "steps between progress lines"),
+    "eval_interval": (500, "steps between held-out evaluations and checkpoints"),
+    "eval_samples": (2000, "held-out sequences in the final evaluation"),
+    "eval_samples_during": (500, "held-out sequences in the evaluations during training"),
+    "eval_seed": (424242, "seed of the held-out sequences (disjoint from training by construction of seeds)"),
+    "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
+    "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at log-spaced steps"),
+    "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
+    "eval_only": (False, "evaluate the checkpoint in --out_dir and write eval.json"),
+}
+CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "ckpt_schedule": ("last", "eval", "log")}
+RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "log_interval", "eval_interval",
+             "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
+
+PRESETS = {
+    "quick": {  # minutes on a 2-core CPU
+        "bijection": dict(train=dict(max_iters=3000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=500),
+                          transformer=dict(n_layer=3, n_head=4, n_embd=128)),
+        "hmm": dict(train=dict(max_iters=2500, batch_size=64, lr=1e-3, warmup_iters=100, eval_K=[30, 50]),
+                    transformer=dict(n_layer=4, n_head=4, n_embd=128)),
+        "regression": dict(train=dict(max_iters=3000, batch_size=64, lr=1e-3, warmup_iters=100),
+                           transformer=dict(n_layer=4, n_head=4, n_embd=128)),
+        "recall": dict(task=dict(n_pairs=16, n_queries=8, key_vocab=64, value_vocab=64, filler=8),
+                       train=dict(max_iters=1500, batch_size=64, lr=1e-3, warmup_iters=100),
+                       transformer=dict(n_layer=2, n_head=4, n_embd=128)),
+    },
+    "paper": {  # the paper's sizes and schedules, for a GPU (shared/reference §4)
+        "bijection": dict(train=dict(max_iters=100_000, batch_size=128, lr=3e-4, warmup_iters=2000, weight_decay=0.1,
+                                     beta2=0.95, eval_interval=5000, log_interval=500),
+                          transformer=dict(n_layer=6, n_head=6, n_embd=192, norm="rmsnorm", bias=False)),
+        "hmm": dict(train=dict(max_iters=80_000, batch_size=64, lr=3e-4, warmup_iters=1000, weight_decay=0.01,
+                               eval_interval=5000, log_interval=500, eval_K=[30, 50]),
+                    transformer=dict(n_layer=9, n_head=8, n_embd=256)),
+        "regression": dict(train=dict(max_iters=50_000, batch_size=128, lr=3e-4, warmup_iters=2000,
+                                      eval_interval=5000, log_interval=500),
+                           transformer=dict(n_layer=6, n_head=6, n_embd=192)),
+        "recall": dict(train=dict(max_iters=50_000, batch_size=128, lr=3e-4, warmup_iters=2000,
+                                  eval_interval=5000, log_interval=500),
+                       transformer=dict(n_layer=6, n_head=6, n_embd=192)),
+    },
+}
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+class Parser(argparse.ArgumentParser):
+    """One-line errors (exit code 2) with a did-you-mean hint, instead of the usage block."""
+
+    def error(self, message):
+        m = re.search(r"unrecognized arguments: (\S+)", message)
+        if m:
+            known = [o for a in self._actions for o in a.option_strings]
+            close = difflib.get_close_matches(m.group(1).split("=")[0], known, n=3)
+            message += f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def str2bool(s):
+    if isinstance(s, bool) or s.lower() in ("1", "true", "yes"):
+        return True if isinstance(s, str) else s
+    if s.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def field_help(cls):
+    """The one-line comment after each dataclass field, for --help."""
+    src = inspect.getsource(cls)
+    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.*)$", src, re.M))
+
+
+def add_flag(group, name, default, help, ftype=None):
+    ftype = ftype or type(default)
+    if ftype is bool:
+        group.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=None, help=f"{help} (default {default})")
+    elif ftype is list:
+        group.add_argument(f"--{name}", type=int, nargs="*", default=None, help=f"{help} (default {default})")
+    else:
+        group.add_argument(f"--{name}", type=ftype, default=None, choices=CHOICES.get(name), help=f"{help} (default {default})")
+
+
+def parse_args(argv):
+    pre = Parser(prog="train.py", add_help=False)
+    pre.add_argument("--task", default="recall", choices=list(TASKS))
+    pre.add_argument("--model", default="transformer", choices=list(MODELS))
+    pre.add_argument("--preset", default="quick", choices=list(PRESETS))
+    known, _ = pre.parse_known_args(argv)
+    p = Parser(prog="train.py", description=__doc__.split("\n\n")[0].strip(), parents=[pre], allow_abbrev=False,
+               epilog="Task and model flags depend on --task and --model: see `--task hmm --help`.")
+    g = p.add_argument_group("training")
+    for name, (default, help) in TRAIN.items():
+        add_flag(g, name, default, help)
+    for title, cls in ((f"task {known.task}", TASKS[known.task]), (f"model {known.model}", MODELS[known.model][0])):
+        g, helps = p.add_argument_group(title), field_help(cls)
+        for f in fields(cls):
+            if f.name not in IO_FIELDS:
+                add_flag(g, f.name, f.default, helps.get(f.name, ""), f.type)
+    args = p.parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("task", "model", "preset")}
+    return known, given, p
+
+
+def build_config(task, model, preset, given):
+    """defaults < preset < flags, split into train / task / model dicts."""
+    ps = PRESETS[preset][task]
+    task_names = {f.name for f in fields(TASKS[task])}
+    model_names = {f.name for f in fields(MODELS[model][0])}
+    train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {})
+    task_opts, model_opts = dict(ps.get("task", {})), dict(ps.get(model, {}))
+    for k, v in given.items():
+        (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
+    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
+    return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
+
+# -----------------------------------------------------------------------------
+# model, optimizer, checkpoints
+
+
+def build(cfg, device):
+    """Tasks (training + evaluation lengths), model and optimizer from a config."""
+    train = cfg["train"]
+    task = make_task(cfg["task"], **cfg["task_opts"])
+    eval_tasks = {"default": task}
+    for K in train["eval_K"]:
+        if "K" not in cfg["task_opts"] | task.options():
+            raise ValueError(f"--eval_K needs a task with a K option (hmm, regression), not {cfg['task']!r}")
+        eval_tasks[f"K{K}"] = make_task(cfg["task"], **(cfg["task_opts"] | {"K": K}))
+    Config, Model = MODELS[cfg["model"]]
+    io = dict(vocab_size=task.vocab_size, n_features=task.n_features, n_classes=task.n_classes,
+              answer_offset=task.answer_offset, gaussian=task.gaussian)
+    longest = max(t.seq_len for t in eval_tasks.values())
+    mc = {"block_size": longest} | cfg["model_opts"] | io
+    config = Config(**mc)
+    if getattr(config, "block_size", longest) < longest:
+        raise ValueError(f"sequences of length {longest} exceed the model's context block_size={config.block_size}")
+    model = Model(config).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)]
+    no_decay = [p for p in model.parameters() if not (p.dim() >= 2 and not getattr(p, "_no_weight_decay", False))]
+    groups = [dict(params=decay, weight_decay=train["weight_decay"]), dict(params=no_decay, weight_decay=0.0)]
+    betas = (train["beta1"], train["beta2"])
+    try:  # the fused kernel on CUDA, the plain loop elsewhere
+        opt = torch.optim.AdamW(groups, lr=train["lr"], betas=betas, fused=device.type == "cuda")
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW(groups, lr=train["lr"], betas=betas)
+    return task, eval_tasks, model, opt, asdict(config)
+
+
+def load_checkpoint(path):
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path} (train first, or pass the run's --out_dir)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated file, not a torch file, or something that would need to run code
+        raise ValueError(f"cannot load checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+
+
+def save_checkpoint(path, state):
+    tmp = path + ".tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # never leave a half-written ckpt.pt behind
+
+
+def code_version():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5).stdout.strip()
+        rev = run("rev-parse", "--short", "HEAD")
+        return (rev + ("-dirty" if run("status", "--porcelain", "--untracked-files=no") else "")) if rev else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def pick_device(name):
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available() or name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} is not available here; use auto or cpu")
+    return torch.device(name)
+
+
+def log_spaced(n):
+    """Steps 1, 2, 3, 6, 10, 18, 32, 56, 100, ... (four per decade) up to n."""
+    return sorted({round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)})
+
+# -----------------------------------------------------------------------------
+# evaluation and training
+
+
+@torch.no_grad()
+def evaluate(model, task, n_samples, seed, device, ctx, batch_size=250):
+    """Metrics on n_samples held-out sequences drawn from a fixed seed."""
+    model.eval()
+    g, m = torch.Generator().manual_seed(seed), Metrics()
+    for i in range(0, n_samples, batch_size):
+        batch = task.sample(min(batch_size, n_samples - i), g)
+        with ctx:
+            out = model(batch.x.to(device))
+        m.update(task, batch, out.float())
+    model.train()
+    return m.result(task)
+
+
+def summary(r):
+    s = f"mae_curve {r['mae_curve']:.4f} | mae_token {r['mae_token']:.4f} | kl {r['kl']:.4f}"
+    return s + (f" | acc {r['accuracy']:.4f} (bayes {r['oracle_accuracy']:.4f})" if "accuracy" in r else "")
+
+
+def fmt_time(s):
+    return f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+def run(cfg, resume_state=None, eval_only=False):
+    train = cfg["train"]
+    device = pick_device(train["device"])
+    torch.manual_seed(train["seed"])
+    task, eval_tasks, model, opt, model_config = build(cfg, device)
+    use_bf16 = train["dtype"] == "bfloat16" or train["dtype"] == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    out_dir = train["out_dir"]
+    os.makedirs(out_dir, exist_ok=True)
+    it, elapsed, history = 0, 0.0, []
+    gen = torch.Generator().manual_seed(train["seed"])
+    if resume_state is not None:
+        model.load_state_dict(resume_state["model"])
+        opt.load_state_dict(resume_state["optimizer"])
+        gen.set_state(resume_state["gen_state"])
+        torch.set_rng_state(resume_state["torch_rng"])
+        it, elapsed, history = resume_state["iter"], resume_state["elapsed"], resume_state["history"]
+    fwd = model
+    if train["compile"]:
+        try:
+            fwd = torch.compile(model)
+            with ctx:
+                fwd(task.sample(2, torch.Generator().manual_seed(0)).x.to(device))
+        except Exception as e:  # no compiler toolchain, unsupported op, ...
+            print(f"torch.compile failed ({type(e).__name__}); running eager")
+            fwd = model
+    n_params = model.num_params()
+    print(f"{cfg['task']} x {cfg['model']} | {n_params:,} params | device {device}{' bf16' if use_bf16 else ''} | out {out_dir}")
+
+    def state():
+        return dict(model=model.state_dict(), optimizer=opt.state_dict(), gen_state=gen.get_state(),
+                    torch_rng=torch.get_rng_state(), iter=it, elapsed=elapsed + time.time() - t_start,
+                    history=history, config=cfg, model_config=model_config)
+
+    t_start = time.time()
+    ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    snapshots = set(log_spaced(train["max_iters"])) if train["ckpt_schedule"] == "log" else set()
+    t_log, it_log = time.time(), it
+    while it < train["max_iters"] and not eval_only:
+        # warmup, then cosine from lr down to min_lr_ratio * lr
+        w, T = train["warmup_iters"], train["max_iters"]
+        decay = 0.5 * (1 + math.cos(math.pi * min(1.0, (it - w) / max(1, T - w))))
+        lr = train["lr"] * ((it + 1) / (w + 1) if it < w else train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = task.sample(train["batch_size"], gen).to(device)
+        with ctx:
+            out = fwd(batch.x)
+            loss = task.loss(out, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if train["grad_clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
+        opt.step()
+        it += 1
+        if it % train["log_interval"] == 0 or it == T:
+            lossf = loss.item()  # the only host sync between log lines
+            if not math.isfinite(lossf):
+                last = f"{ckpt_path} (step {history[-1]['iter']})" if history else "none was saved yet"
+                print(f"loss is {lossf} at step {it}: stopping; last good checkpoint: {last}", file=sys.stderr)
+                return 1
+            m = Metrics()
+            m.update(task, batch.to("cpu"), out.float())
+            dt = time.time() - t_log
+            tok_s = (it - it_log) * train["batch_size"] * task.seq_len / dt
+            eta = (T - it) * dt / (it - it_log)
+            print(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {m.result(task)['mae_token']:.4f} bits (batch) "
+                  f"| {tok_s / 1e3:.1f}k tok/s | lr {lr:.2e} | eta {fmt_time(eta)}")
+            t_log, it_log = time.time(), it
+        if it % train["eval_interval"] == 0 or it == T or it in snapshots:
+            params_ok = all(torch.isfinite(p).all() for p in model.parameters())
+            if not params_ok:
+                print(f"parameters are not finite at step {it}: stopping; last good checkpoint: {ckpt_path}", file=sys.stderr)
+                return 1
+            if it % train["eval_interval"] == 0 or it == T:
+                r = evaluate(fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx)
+                history.append(dict(iter=it, loss=loss.item(), time=elapsed + time.time() - t_start,
+                                    **{k: v for k, v in r.items() if not k.startswith("curve")}))
+                print(f"eval step {it}: {summary(r)}")
+                save_checkpoint(ckpt_path, state())
+            if train["ckpt_schedule"] == "eval" and it % train["eval_interval"] == 0 or it in snapshots:
+                save_checkpoint(os.path.join(out_dir, f"ckpt_{it:07d}.pt"), state())
+            t_log, it_log = time.time(), it  # progress rates exclude evaluation time
+
+    wall = elapsed + time.time() - t_start
+    metrics = {}
+    for name, t in eval_tasks.items():
+        metrics[name] = evaluate(fwd, t, train["eval_samples"], train["eval_seed"], device, ctx)
+        print(f"final {name} ({train['eval_samples']} held-out sequences): {summary(metrics[name])}")
+    results = dict(task=cfg["task"], model=cfg["model"], preset=cfg["preset"], config=cfg, model_config=model_config,
+                   task_options=task.options(), n_params=n_params, iters=it, metrics=metrics, history=history,
+                   wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
+                   torch_version=torch.__version__)
+    name = "eval.json" if eval_only else "results.json"
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {os.path.join(out_dir, name)} | wall time {fmt_time(wall)}")
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    known, given, parser = parse_args(argv)
+    try:
+        resume_state = None
+        if given.get("resume") or given.get("eval_only"):
+            out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{known.model}")
+            resume_state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
+            cfg = resume_state["config"]
+            for k, v in given.items():
+                if k in ("resume", "eval_only"):
+                    continue
+                if k not in RESUMABLE and v != {**cfg["train"], **cfg["task_opts"], **cfg["model_opts"]}.get(k, v):
+                    raise ValueError(f"--{k} cannot change when resuming or evaluating a checkpoint; "
+                                     f"changeable: {', '.join(RESUMABLE)}")
+                if k in RESUMABLE:
+                    cfg["train"][k] = v
+            cfg["train"]["out_dir"] = out_dir
+            if given.get("eval_only"):
+                return run(cfg, resume_state, eval_only=True)
+            return run(cfg, resume_state)
+        return run(build_config(known.task, known.model, known.preset, given))
+    except ValueError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""
+GPT-style causal transformer for the wind tunnels (nanoGPT shape).
+
+Design decisions:
+- pre-norm residual blocks, GELU MLP, no dropout by default, N(0, 0.02) init with the
+  residual projections scaled by 1/sqrt(2 n_layer) (GPT-2);
+- positions: learned absolute embeddings by default (the paper's models); `rotary` or `none`
+  as options, since the HMM length-generalisation result (K = 30, 50 beyond the trained 20)
+  depends on them;
+- inputs: token embeddings, or a linear read-in for real-valued features (regression);
+- outputs: C answer logits. Where the answers are tokens (bijection values, recall values),
+  `tie_head` reads them off the embedding rows of those tokens (the paper's tied head);
+  otherwise a separate linear head (HMM states); a Gaussian head gives (mean, log-variance);
+- the fast path is `scaled_dot_product_attention`; when internals are requested or a head mask
+  is given, attention is computed explicitly so its weights can be returned and masked.
+
+Diagnostics: `forward(x, head_mask=None, skip_layers=(), return_internals=False)`.
+`head_mask` (n_layer, n_head) multiplies each head's attention weights (0 silences a head);
+`skip_layers` bypasses whole blocks (output = input); internals hold, per layer, the block's
+input residual `x`, and `q, k, v` (B, H, T, d_head) and `att` (B, H, T, T).
+"""
+from dataclasses import dataclass
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange
+
+
+@dataclass
+class TransformerConfig:
+    # I/O, filled in from the task
+    vocab_size: int = 0  # input tokens; 0 means real-valued inputs through a linear read-in
+    n_features: int = 0  # width of real-valued inputs
+    n_classes: int = 2  # answer classes C (or 2 = mean, log-variance for the Gaussian head)
+    answer_offset: int = None  # token id of answer class 0 when answers are tokens
+    gaussian: bool = False  # real-valued prediction: Gaussian head
+    block_size: int = 128  # longest sequence the learned position table covers
+    # architecture
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # attention heads per block
+    n_embd: int = 128  # residual width d_model
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
+    pos: str = "learned"  # position encoding: learned | rotary | none
+    tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    bias: bool = True  # biases in linear layers and norms
+    dropout: float = 0.0  # the paper's models use none
+
+
+POS = ("learned", "rotary", "none")
+NORMS = ("layernorm", "rmsnorm")
+
+
+def make_norm(config):
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=1e-6)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+def rotary(x, pos_cos, pos_sin):
+    """Rotate pairs (x1, x2) of the head dimension by position-dependent angles (RoPE)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * pos_cos - x2 * pos_sin, x2 * pos_cos + x1 * pos_sin], -1)
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+
+    def forward(self, x, rope=None, head_mask=None, record=None):
+        B, T, C = x.shape
+        q, k, v = [rearrange(t, "b t (h d) -> b h t d", h=self.n_head) for t in self.c_attn(x).split(C, 2)]
+        if rope is not None:
+            q, k = rotary(q, *rope), rotary(k, *rope)
+        drop = self.dropout if self.training else 0.0
+        if head_mask is None and record is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)  # (B, H, T, d)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])  # (B, H, T, T)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+            if record is not None:
+                record.update(q=q, k=k, v=v, att=att)
+            if head_mask is not None:
+                att = att * head_mask.view(1, -1, 1, 1).to(att.dtype)
+            y = F.dropout(att, drop, self.training) @ v
+        y = rearrange(y, "b h t d -> b t (h d)")
+        return F.dropout(self.c_proj(y), drop, self.training)
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_ratio * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_ratio * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1, self.attn = make_norm(config), CausalSelfAttention(config)
+        self.ln_2, self.mlp = make_norm(config), MLP(config)
+
+    def forward(self, x, rope=None, head_mask=None, record=None):
+        x = x + self.attn(self.ln_1(x), rope, head_mask, record)
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        c = config
+        if c.pos not in POS or c.norm not in NORMS:
+            raise ValueError(f"transformer: pos must be one of {POS} and norm one of {NORMS}, got {c.pos!r}, {c.norm!r}")
+        if c.n_embd % c.n_head or (c.pos == "rotary" and (c.n_embd // c.n_head) % 2):
+            raise ValueError(f"transformer: n_embd={c.n_embd} must split into n_head={c.n_head} heads"
+                             f"{' of even size (rotary)' if c.pos == 'rotary' else ''}")
+        if min(c.n_layer, c.n_head, c.n_embd, c.block_size) < 1 or (c.vocab_size < 1 and c.n_features < 1):
+            raise ValueError("transformer: n_layer, n_head, n_embd, block_size and the input size must be >= 1")
+        self.config = c
+        # real-valued inputs enter through a linear read-in instead of a token table
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd) if c.vocab_size else nn.Linear(c.n_features, c.n_embd)
+        self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos == "learned" else None
+        self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
+        self.ln_f = make_norm(c)
+        self.tied = c.tie_head and c.vocab_size and c.answer_offset is not None and not c.gaussian
+        self.head = None if self.tied else nn.Linear(c.n_embd, 2 if c.gaussian else c.n_classes, bias=c.bias)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def rope(self, T, device):
+        d = self.config.n_embd // self.config.n_head
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=device).float() / d))
+        angles = torch.outer(torch.arange(T, device=device).float(), inv_freq)  # (T, d/2)
+        return angles.cos(), angles.sin()
+
+    def forward(self, x, head_mask=None, skip_layers=(), return_internals=False):
+        c = self.config
+        B, T = x.shape[:2]
+        if c.pos == "learned" and T > c.block_size:
+            raise ValueError(f"sequence length {T} exceeds the model's context block_size={c.block_size}")
+        h = self.wte(x)  # (B, T, n_embd)
+        if self.wpe is not None:
+            h = h + self.wpe(torch.arange(T, device=h.device))
+        rope = self.rope(T, h.device) if c.pos == "rotary" else None
+        layers = []
+        for i, block in enumerate(self.blocks):
+            record = {"x": h} if return_internals else None
+            if i not in skip_layers:
+                h = block(h, rope, None if head_mask is None else head_mask[i], record)
+            layers.append(record)
+        h = self.ln_f(h)
+        if self.tied:  # logits against the embeddings of the C answer tokens
+            out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T
+        else:
+            out = self.head(h)  # (B, T, C), or (B, T, 2) = (mean, log-variance)
+        return (out, dict(layers=layers, final=h)) if return_internals else out
