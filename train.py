@@ -35,9 +35,10 @@ import torch
 
 from oracles import Metrics
 from tasks import TASKS, make_task
+from mamba import Mamba, MambaConfig
 from transformer import Transformer, TransformerConfig
 
-MODELS = {"transformer": (TransformerConfig, Transformer)}
+MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba)}
 IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # set from the task
 
 TRAIN = {  # name: (default, help); presets and flags override

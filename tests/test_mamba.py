@@ -1,0 +1,245 @@
+"""Tests for mamba.py: the selective scan against brute force and across modes, stability, dtypes, the model."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mamba import SCAN_MODES, ChunkEndStates, Mamba, MambaConfig, selective_scan
+
+torch.set_num_threads(1)
+NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+
+
+def scan_inputs(b, d, n, l, dtype=torch.float64, seed=0, delta_scale=1.0):
+    """Random inputs with the model's signs: softplus(delta + delta_bias) > 0 and A < 0."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    x = dict(u=r(b, d, l), delta=delta_scale * r(b, d, l) - 1, A=-torch.exp(r(d, n)), B=r(b, n, l), C=r(b, n, l),
+             D=r(d), z=r(b, d, l), delta_bias=r(d))
+    return {k: v.to(dtype) for k, v in x.items()}
+
+
+def run_scan(x, mode, seed=1):
+    """y, last state and the gradients of every input under a random cotangent."""
+    x = {k: v.detach().clone().requires_grad_() for k, v in x.items()}
+    y, last = selective_scan(**x, delta_softplus=True, return_last_state=True, mode=mode)
+    g = torch.Generator().manual_seed(seed)
+    gy, gl = torch.randn(y.shape, generator=g).to(y.dtype), torch.randn(last.shape, generator=g).to(last.dtype)
+    grads = torch.autograd.grad((y * gy).sum() + (last * gl).sum(), [x[k] for k in NAMES])
+    return dict(y=y, last=last, **{f"grad_{k}": v for k, v in zip(NAMES, grads)})
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def brute_force(u, delta, A, B, C, D, z):
+    """y from an explicit (l x l) matrix of decay products per (b, d, n): h_t = sum_{s<=t} M[t, s] Δ_s B_s u_s."""
+    b, d, l = u.shape
+    dA = [torch.exp(delta[:, :, k, None] * A) for k in range(l)]  # (b, d, n) per step
+    one = torch.ones_like(dA[0])
+    M = torch.zeros(b, d, A.shape[1], l, l, dtype=u.dtype)
+    for t in range(l):
+        for s in range(t + 1):
+            prod = one
+            for k in range(s + 1, t + 1):
+                prod = prod * dA[k]
+            M[..., t, s] = prod
+    x = delta[:, :, None, :] * B[:, None] * u[:, :, None, :]  # (b, d, n, l)
+    h = (M @ x[..., None]).squeeze(-1)  # (b, d, n, l)
+    y = (h * C[:, None]).sum(2) + D[:, None] * u
+    return y * F.silu(z), h[..., -1]
+
+
+@pytest.mark.parametrize("mode", SCAN_MODES)
+def test_scan_matches_brute_force(mode):
+    x = scan_inputs(2, 3, 4, 6)
+    y, last = selective_scan(**x, delta_softplus=True, return_last_state=True, mode=mode)
+    delta = F.softplus(x["delta"] + x["delta_bias"][:, None])
+    y_ref, last_ref = brute_force(x["u"], delta, x["A"], x["B"], x["C"], x["D"], x["z"])
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(last, last_ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,l,tol", [(torch.float64, 1, 1e-12), (torch.float64, 7, 1e-12), (torch.float64, 50, 1e-12),
+                                         (torch.float64, 130, 1e-12), (torch.float32, 7, 1e-5), (torch.float32, 50, 1e-5),
+                                         (torch.float32, 130, 1e-5)])
+def test_chunked_matches_sequential(dtype, l, tol):
+    # chunk length ceil(sqrt(l)) = 1, 3, 8, 12: none of 7, 50, 130 is a multiple, so the last chunk is padded
+    x = scan_inputs(2, 5, 4, l, dtype)
+    seq, par = run_scan(x, "sequential"), run_scan(x, "chunked")
+    for k in seq:
+        assert rel_err(par[k], seq[k]) < tol, k
+
+
+def test_chunk_end_states_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    T, b, c, d, n = 3, 2, 2, 4, 3
+    r = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)
+    args = (r(T, b, c, d), r(T, b, c, d) - 0.5, r(T, b, c, n) - 0.5, -r(d, n))  # suffix >= 0, du, B, A <= 0
+    assert torch.autograd.gradcheck(ChunkEndStates.apply, [a.requires_grad_() for a in args])
+
+
+class ExpSpy(TorchDispatchMode):
+    """Records the largest argument of every exp and exp_ dispatched (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.max_arg = -math.inf
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.exp, torch.ops.aten.exp_):
+            self.max_arg = max(self.max_arg, args[0].max().item())
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", SCAN_MODES)
+def test_long_sequence_is_finite(mode):
+    # L = 4096 with Δ spread over [~0, ~20] and A down to -20: summed decays reach e^-1e5 and underflow
+    x = scan_inputs(1, 2, 3, 4096, torch.float32, delta_scale=4.0)
+    x["A"] = x["A"] * 3
+    with ExpSpy() as spy:
+        out = run_scan(x, mode)
+    for k, v in out.items():
+        assert torch.isfinite(v).all(), k
+    assert spy.max_arg <= 0.0  # no exp of a positive number, forward or backward
+    if mode == "chunked":
+        ref = run_scan(x, "sequential")
+        assert rel_err(out["y"], ref["y"]) < 1e-5 and rel_err(out["last"], ref["last"]) < 1e-5
+
+
+@pytest.mark.parametrize("mode", SCAN_MODES)
+def test_bf16_inputs_compute_in_float32(mode):
+    x = scan_inputs(2, 4, 3, 20, torch.float32)
+    low = {k: v.bfloat16() if k in ("u", "delta", "B", "C", "z") else v for k, v in x.items()}  # A, D, bias stay float32
+    y, last = selective_scan(**low, delta_softplus=True, return_last_state=True, mode=mode)
+    up = {k: v.float() for k, v in low.items()}
+    y32, last32 = selective_scan(**up, delta_softplus=True, return_last_state=True, mode=mode)
+    assert y.dtype == torch.bfloat16 and last.dtype == torch.float32
+    torch.testing.assert_close(last, last32, rtol=1e-6, atol=1e-6)  # same float32 maths on the same values
+    assert rel_err(y, y32) < 1e-2  # only the final rounding to bf16 differs
+
+
+def test_bad_scan_inputs_raise():
+    x = scan_inputs(2, 3, 4, 5, torch.float32)
+    bad = [dict(u=x["u"][0]), dict(delta=x["delta"][:, :2]), dict(A=x["A"][:, :0]), dict(A=x["A"][None]),
+           dict(B=x["B"][:, :3]), dict(C=x["C"][..., :4]), dict(D=x["D"][:2]), dict(z=x["z"][:1]),
+           dict(delta_bias=x["delta_bias"][None]), dict(delta=x["delta"].double()), dict(B=x["B"].bfloat16()),
+           dict(u=x["u"].long()), dict(A=x["A"].to(torch.complex64)), dict(C=x["C"].to("meta")), dict(mode="pscan")]
+    for change in bad:
+        with pytest.raises(ValueError):
+            selective_scan(**(x | change))
+
+
+# -----------------------------------------------------------------------------
+# the model
+
+
+def tiny_config(**kw):
+    return MambaConfig(**dict(dict(vocab_size=12, n_classes=5, answer_offset=7, d_model=16, n_layer=2, d_state=4), **kw))
+
+
+def block_params(d_model, d_state, d_conv, expand, norm_params):
+    d_in, R = expand * d_model, math.ceil(d_model / 16)
+    return (d_model * 2 * d_in  # in_proj
+            + d_in * d_conv + d_in  # conv1d weight and bias
+            + d_in * (R + 2 * d_state)  # x_proj -> (Δ, B, C)
+            + R * d_in + d_in  # dt_proj weight and bias
+            + d_in * d_state + d_in  # A_log, D
+            + d_in * d_model  # out_proj
+            + norm_params)
+
+
+def test_parameter_count():
+    # d_model 64, N 16, d_conv 4, expand 2: d_in 128, R 4; by hand 16384 + 640 + 4608 + 640 + 2048 + 128 + 8192 + 64
+    assert block_params(64, 16, 4, 2, 64) == 32704
+    m = Mamba(MambaConfig(vocab_size=40, n_classes=20, answer_offset=20, d_model=64, n_layer=3))
+    assert sum(p.numel() for p in m.blocks[0].parameters()) == 32704
+    assert m.num_params() == 40 * 64 + 3 * 32704 + 64  # tied head: no head parameters
+    m = Mamba(MambaConfig(n_features=10, gaussian=True, d_model=32, n_layer=2, norm="layernorm", pos="learned",
+                          block_size=50))
+    assert m.num_params() == (10 * 32 + 32) + 50 * 32 + 2 * block_params(32, 16, 4, 2, 64) + 64 + (32 * 2 + 2)
+
+
+def test_official_init():
+    m = Mamba(tiny_config(d_model=48))
+    mixer = m.blocks[0].mixer
+    torch.testing.assert_close(mixer.A_log, torch.log(torch.arange(1.0, 5.0)).repeat(96, 1))
+    assert torch.equal(mixer.D, torch.ones(96)) and mixer.dt_rank == 3
+    dt = F.softplus(mixer.dt_proj.bias)
+    assert dt.min() >= 1e-3 * (1 - 1e-5) and dt.max() <= 1e-1 * (1 + 1e-5)
+    assert mixer.dt_proj.weight.abs().max() <= 3 ** -0.5
+    assert mixer.A_log._no_weight_decay and mixer.D._no_weight_decay
+
+
+@pytest.mark.parametrize("scan", SCAN_MODES)
+@pytest.mark.parametrize("kind", ["tokens", "reals", "learned_pos"])
+def test_model_is_causal(scan, kind):
+    T, g = 23, torch.Generator().manual_seed(0)
+    if kind == "reals":
+        config, x = tiny_config(vocab_size=0, n_features=6, gaussian=True, scan=scan), torch.randn(3, T, 6, generator=g)
+    else:
+        config = tiny_config(scan=scan, pos="learned" if kind == "learned_pos" else "none", block_size=T)
+        x = torch.randint(0, 12, (3, T), generator=g)
+    torch.manual_seed(0)
+    model = Mamba(config).eval()
+    with torch.no_grad():
+        out = model(x)
+        assert out.shape == (3, T, 2 if config.gaussian else 5)
+        for t in (0, 7, 15, T - 2):
+            x2, shape = x.clone(), x[:, t + 1:].shape
+            x2[:, t + 1:] = torch.randn(shape, generator=g) if kind == "reals" else torch.randint(0, 12, shape, generator=g)
+            out2 = model(x2)
+            torch.testing.assert_close(out2[:, :t + 1], out[:, :t + 1], rtol=0, atol=1e-6)
+            assert not torch.allclose(out2[:, t + 1:], out[:, t + 1:])
+
+
+def test_model_modes_agree_and_internals():
+    torch.manual_seed(0)
+    model = Mamba(tiny_config())
+    x = torch.randint(0, 12, (2, 30))
+    out, rec = model(x, return_internals=True)
+    model.blocks.apply(lambda m: setattr(m, "scan", "chunked") if hasattr(m, "scan") else None)
+    torch.testing.assert_close(model(x), out, rtol=1e-5, atol=1e-5)
+    assert len(rec["layers"]) == 2 and rec["final"].shape == (2, 30, 16)
+    r = rec["layers"][1]
+    assert r["x"].shape == (2, 30, 16) and r["delta"].shape == (2, 30, 32) and r["B"].shape == r["C"].shape == (2, 30, 4)
+    assert (r["delta"] > 0).all()
+    skipped = model(x, skip_layers=(0, 1))
+    emb = model.norm_f(model.wte(x))
+    torch.testing.assert_close(skipped, emb @ model.wte.weight[7:12].T)
+
+
+def test_bf16_autocast_forward_backward():
+    torch.manual_seed(0)
+    model = Mamba(tiny_config())
+    x = torch.randint(0, 12, (2, 17))
+    ref = model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    out.float().sum().backward()
+    assert torch.isfinite(out.float()).all() and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert rel_err(out.float(), ref) < 5e-2
+
+
+def test_bad_configs_raise():
+    for kw in (dict(pos="rotary"), dict(norm="batchnorm"), dict(scan="pscan"), dict(n_layer=0), dict(d_state=0),
+               dict(expand=0), dict(d_conv=0), dict(dt_rank=-1), dict(vocab_size=0, n_features=0),
+               dict(answer_offset=10)):  # answers 10..14 outside a vocabulary of 12
+        with pytest.raises(ValueError):
+            Mamba(tiny_config(**kw))
+    with pytest.raises(ValueError):  # longer than the learned position table
+        Mamba(tiny_config(pos="learned", block_size=8))(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_trains_through_train_py(tmp_path, monkeypatch):
+    import train
+    monkeypatch.setitem(train.MODELS, "mamba", (MambaConfig, Mamba))
+    helps = train.field_help(MambaConfig)
+    assert all(helps.get(f) for f in MambaConfig.__dataclass_fields__), "every config field needs a # help comment"
+    rc = train.main(["--task", "bijection", "--model", "mamba", "--V", "6", "--L", "5", "--d_model", "16", "--n_layer", "1",
+                     "--max_iters", "3", "--log_interval", "3", "--eval_interval", "3", "--eval_samples", "20",
+                     "--eval_samples_during", "20", "--out_dir", str(tmp_path)])
+    assert rc == 0 and (tmp_path / "results.json").exists()
