@@ -42,14 +42,15 @@ class TransformerConfig:
     n_head: int = 4  # attention heads per block
     n_embd: int = 128  # residual width d_model
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
-    pos: str = "learned"  # position encoding: learned | rotary | none
+    pos: str = "learned"  # position encoding: learned | rotary | alibi | none
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "layernorm"  # layernorm | rmsnorm
     bias: bool = True  # biases in linear layers and norms
     dropout: float = 0.0  # the paper's models use none
+    init_std: float = 0.02  # std of the N(0, std) init of weights and embeddings (GPT-2: 0.02)
 
 
-POS = ("learned", "rotary", "none")
+POS = ("learned", "rotary", "alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
 
 
@@ -57,6 +58,14 @@ def make_norm(config):
     if config.norm == "rmsnorm":
         return nn.RMSNorm(config.n_embd, eps=1e-6)
     return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+def alibi_bias(n_head, T, device):
+    """(H, T, T) additive attention bias -m_h * (i - j) with slopes m_h = 2^(-8h/H), -inf on the future:
+    each head starts out attending to the recent past, at its own range (ALiBi, Press et al. 2022)."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, n_head + 1, device=device) / n_head)
+    dist = (torch.arange(T, device=device)[:, None] - torch.arange(T, device=device)[None, :]).float()
+    return (-slopes[:, None, None] * dist).masked_fill(dist < 0, float("-inf"))
 
 
 def rotary(x, pos_cos, pos_sin):
@@ -74,18 +83,23 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
 
-    def forward(self, x, rope=None, head_mask=None, record=None):
+    def forward(self, x, rope=None, head_mask=None, record=None, bias=None):
         B, T, C = x.shape
         q, k, v = [rearrange(t, "b t (h d) -> b h t d", h=self.n_head) for t in self.c_attn(x).split(C, 2)]
         if rope is not None:
             q, k = rotary(q, *rope), rotary(k, *rope)
         drop = self.dropout if self.training else 0.0
         if head_mask is None and record is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)  # (B, H, T, d)
+            if bias is None:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)  # (B, H, T, d)
+            else:  # the bias carries the causal mask
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=drop)
         else:
             att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])  # (B, H, T, T)
-            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+            if bias is None:
+                bias = torch.zeros(T, T, device=x.device).masked_fill(
+                    ~torch.ones(T, T, dtype=torch.bool, device=x.device).tril(), float("-inf"))
+            att = F.softmax(att + bias.to(att.dtype), dim=-1)
             if record is not None:
                 record.update(q=q, k=k, v=v, att=att)
             if head_mask is not None:
@@ -114,8 +128,8 @@ class Block(nn.Module):
         self.ln_1, self.attn = make_norm(config), CausalSelfAttention(config)
         self.ln_2, self.mlp = make_norm(config), MLP(config)
 
-    def forward(self, x, rope=None, head_mask=None, record=None):
-        x = x + self.attn(self.ln_1(x), rope, head_mask, record)
+    def forward(self, x, rope=None, head_mask=None, record=None, bias=None):
+        x = x + self.attn(self.ln_1(x), rope, head_mask, record, bias)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -142,11 +156,11 @@ class Transformer(nn.Module):
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+                nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(2 * c.n_layer))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
@@ -168,11 +182,12 @@ class Transformer(nn.Module):
         if self.wpe is not None:
             h = h + self.wpe(torch.arange(T, device=h.device))
         rope = self.rope(T, h.device) if c.pos == "rotary" else None
+        bias = alibi_bias(c.n_head, T, h.device) if c.pos == "alibi" else None
         layers = []
         for i, block in enumerate(self.blocks):
             record = {"x": h} if return_internals else None
             if i not in skip_layers:
-                h = block(h, rope, None if head_mask is None else head_mask[i], record)
+                h = block(h, rope, None if head_mask is None else head_mask[i], record, bias)
             layers.append(record)
         h = self.ln_f(h)
         if self.tied:  # logits against the embeddings of the C answer tokens

@@ -11,7 +11,7 @@ def tiny(**kw):
     return Transformer(TransformerConfig(**(c | kw))).double()
 
 
-@pytest.mark.parametrize("pos", ["learned", "rotary", "none"])
+@pytest.mark.parametrize("pos", ["learned", "rotary", "alibi", "none"])
 def test_causal_under_future_perturbation(pos):
     model = tiny(pos=pos)
     x = torch.randint(12, (3, 16))
@@ -77,5 +77,5 @@ def test_bad_configs_and_too_long_sequences():
     with pytest.raises(ValueError, match="n_head"):
         tiny(n_embd=15)
     with pytest.raises(ValueError, match="pos must be one of"):
-        tiny(pos="alibi")
+        tiny(pos="sinusoidal")
     tiny(pos="rotary")(torch.randint(12, (1, 40)))  # rotary has no fixed table
