@@ -93,6 +93,15 @@ def oracle(task, batch):
         probs[m] = hmm_filter(lat["trans"], lat["emit"], lat["obs"]).reshape(-1, task.n_classes)
     elif task.name == "recall":
         probs[m] = F.one_hot(batch.latent["answer"][m], task.n_classes).double()
+    elif task.name == "hop":  # a point mass: follow the facts shown in the context k times from the query entity
+        off, N, x = task.answer_offset, task.n_facts, batch.x
+        facts = x[:, :2 * N].reshape(B, N, 2) - off  # (a, b) entity pairs
+        succ = torch.full((B, task.n_entities), -1, dtype=torch.long).scatter(1, facts[..., 0], facts[..., 1])
+        rows, t = m.nonzero(as_tuple=True)
+        e, k = x[rows, t] - off, x[rows, t - 1]  # the query entity and its hop token (token id k)
+        for i in range(task.hops):
+            e = torch.where(k > i, succ[rows, e], e)
+        probs[m] = F.one_hot(e, task.n_classes).double()
     else:
         raise ValueError(f"no oracle for task {task.name!r}")
     return probs

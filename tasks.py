@@ -291,7 +291,60 @@ class Recall(Task):
         return Batch(x, answer, is_query_key, dict(answer=answer))
 
 
-TASKS = {"bijection": Bijection, "hmm": HMM, "regression": Regression, "recall": Recall}
+# -----------------------------------------------------------------------------
+# multi-hop recall: binding composed over k hops (Pavlovian paper, Thm 9 / wide vs deep)
+
+@dataclass
+class Hop(Task):
+    """N one-to-one facts a -> b over fresh entities, in N/depth chains e_0 -> e_1 -> ... -> e_depth,
+    shown as `a1 b1 a2 b2 ... aN bN` in shuffled order, then `SEP`, then queries `[k] e`: the answer
+    is the k-hop successor of e, read at e (causal). k <= depth, and each query's start is uniform
+    over the chain positions that have k successors; queries are drawn independently (repeats
+    possible). Tokens: SEP = 0, [k] = k for k = 1..hops, entities from hops + 1."""
+    n_facts: int = 16  # N one-to-one facts a -> b in context
+    depth: int = 4  # facts per chain; the N facts form N/depth chains
+    hops: int = 2  # k: a query asks for the k-hop successor (the largest k when mixed_hops)
+    mixed_hops: bool = False  # draw k per query uniformly from 1..hops
+    n_queries: int = 4  # queries per sequence
+    n_entities: int = 256  # entity vocabulary; a sequence uses N + N/depth distinct entities
+
+    SEP = 0
+
+    def __post_init__(self):
+        for k in ("n_facts", "depth", "hops", "n_queries", "n_entities"):
+            v = getattr(self, k)
+            check(isinstance(v, int) and v >= 1, f"hop: {k} must be an int >= 1, got {v}")
+        check(self.n_facts % self.depth == 0, f"hop: n_facts={self.n_facts} must be a multiple of depth={self.depth}")
+        check(self.hops <= self.depth, f"hop: hops={self.hops} must be <= depth={self.depth} (facts per chain)")
+        need = self.n_facts + self.n_facts // self.depth
+        check(self.n_entities >= need, f"hop: n_entities={self.n_entities} must be >= n_facts + n_facts/depth = {need}")
+        self.answer_offset = self.hops + 1
+        self.vocab_size = self.answer_offset + self.n_entities
+        self.n_classes = self.n_entities
+        self.seq_len = 2 * self.n_facts + 1 + 2 * self.n_queries
+
+    def sample(self, batch_size, generator=None):
+        B, N, D, M, g = batch_size, self.n_facts, self.depth, self.n_queries, generator
+        n_chains, off = N // D, self.answer_offset
+        chains = uniform_choice_without_replacement(B, self.n_entities, n_chains * (D + 1), g).view(B, n_chains, D + 1)
+        a, b = chains[:, :, :-1].reshape(B, N), chains[:, :, 1:].reshape(B, N)  # fact i: a[i] -> b[i]
+        order = torch.rand(B, N, generator=g).argsort(-1)  # shuffled fact order
+        a, b = a.gather(1, order), b.gather(1, order)
+        k = torch.randint(1, self.hops + 1, (B, M), generator=g) if self.mixed_hops else torch.full((B, M), self.hops)
+        chain = torch.randint(n_chains, (B, M), generator=g)
+        start = (torch.rand(B, M, generator=g) * (D - k + 1)).long()  # uniform over 0..D-k
+        rows = torch.arange(B)[:, None]
+        query, target = chains[rows, chain, start], chains[rows, chain, start + k]  # (B, M)
+        x = torch.cat([torch.stack([a, b], -1).view(B, 2 * N) + off, torch.full((B, 1), self.SEP),
+                       torch.stack([k, query + off], -1).view(B, 2 * M)], 1)
+        mask = torch.zeros_like(x, dtype=torch.bool)
+        mask[:, 2 * N + 2::2] = True  # the query entities
+        answer = torch.full_like(x, IGNORE)
+        answer[mask] = target.reshape(-1)
+        return Batch(x, answer, mask, dict(answer=answer, chains=chains, k=k))
+
+
+TASKS = {"bijection": Bijection, "hmm": HMM, "regression": Regression, "recall": Recall, "hop": Hop}
 
 
 def make_task(name, **overrides):
