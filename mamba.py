@@ -282,6 +282,7 @@ class Block(nn.Module):
 
 
 class Mamba(nn.Module):
+    width_field = "d_model"  # the field train.py's --match_params resizes
 
     def __init__(self, config):
         super().__init__()

@@ -1,0 +1,88 @@
+"""reproduce.py: the tiny matrix makes a table with every cell, a rerun skips finished cells and resumes
+a cell that stopped after its checkpoint, parallel cells get one GPU each, bad input is a one-line error."""
+import json
+import os
+import sys
+
+import pytest
+
+import reproduce
+import train
+
+
+def run(argv):
+    try:
+        return reproduce.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def test_tiny_matrix_table_then_skip_then_resume(tmp_path, capsys):
+    out, res = tmp_path / "out", tmp_path / "results"
+    argv = ["--preset", "tiny", "--out", str(out), "--results", str(res)]
+    assert run(argv) == 0
+    table = (res / "table.md").read_text()
+    models = [m for m in reproduce.MODEL_ORDER if m in train.MODELS]
+    for task in reproduce.TASK_ORDER:
+        assert f"## {task}" in table
+        for model in models:
+            r = json.load(open(out / "tiny" / f"{task}_{model}" / "results.json"))
+            assert r["iters"] == 4 and (out / "tiny" / f"{task}_{model}" / "train.log").exists()
+            assert f"| {model} | {r['n_params']:,} | {r['metrics']['default']['mae_curve']:.4f} |" in table
+    assert "| 0.007 |" in table and "| ≈0.409 |" in table  # the paper's numbers beside ours
+    n = len(reproduce.TASK_ORDER) * len(models)
+    assert f"{n} cells, preset tiny: 0 finished before" in capsys.readouterr().out
+
+    cell = out / "tiny" / "hmm_lstm"
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "tiny").glob("*/results.json") if p.parent != cell}
+    os.remove(cell / "results.json")  # as if the sweep had stopped after this cell's last checkpoint
+    assert run(argv) == 0
+    said = capsys.readouterr().out
+    assert f"{n} cells, preset tiny: {n - 1} finished before (skipped), 1 to run" in said and "hmm x lstm: done" in said
+    assert json.load(open(cell / "results.json"))["iters"] == 4
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
+
+
+def test_table_without_matplotlib(tmp_path, monkeypatch):
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path / "o"),
+                "--results", str(tmp_path / "r")]) == 0
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert run(["--preset", "tiny", "--tasks", "bijection,hmm", "--models", "mlp", "--out", str(tmp_path / "o"),
+                "--results", str(tmp_path / "r"), "--table_only"]) == 0
+    table = (tmp_path / "r" / "table.md").read_text()
+    assert "| mlp | not run |" in table and ".png" not in table
+
+
+def test_parallel_cells_get_one_gpu_each(monkeypatch, tmp_path):
+    started = []
+
+    class FakeProcess:
+        returncode = 0
+
+        def __init__(self, cmd, stdout, stderr, env):
+            started.append((cmd, env["CUDA_VISIBLE_DEVICES"]))
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(reproduce.subprocess, "Popen", FakeProcess)
+    todo = [((f"t{i}", "m"), ["--task", f"t{i}"], str(tmp_path / f"{i}.log")) for i in range(5)]
+    done = list(reproduce.run_cells(todo, jobs=3, n_gpus=3))
+    assert sorted(label for label, _, _ in done) == [label for label, _, _ in todo]
+    assert [gpu for _, gpu in started[:3]] == ["0", "1", "2"] and all(cmd[1].endswith("train.py") for cmd, _ in started)
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--models", "rnn"], "unknown model 'rnn'; valid models: transformer, mamba, lstm, mlp"),
+    (["--tasks", "bijection,nope"], "unknown task 'nope'; valid tasks: bijection, hmm, regression, recall"),
+    (["--preset", "huge"], "unknown preset 'huge'; valid presets: quick, paper, tiny"),
+    (["--jobs", "-1"], "--jobs must be >= 0"),
+    (["--taks", "hmm"], "did you mean --tasks"),
+    (["--", "--lrr", "1"], "did you mean --lr"),
+    (["--", "--out_dir=x"], "--out_dir is set per cell"),
+])
+def test_bad_input_is_a_one_line_error_before_anything_runs(tmp_path, capsys, argv, expect):
+    assert run(argv + ["--out", str(tmp_path / "out"), "--results", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expect in err, err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "res").exists()
