@@ -35,15 +35,22 @@ import torch
 
 from oracles import Metrics
 from tasks import TASKS, make_task
+from linear_attn import LinearAttention, LinearAttentionConfig
+from lstm import LSTM, LSTMConfig
 from mamba import Mamba, MambaConfig
+from mlp import MLP, MLPConfig
 from transformer import Transformer, TransformerConfig
 
-MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba)}
+MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba),
+          "lstm": (LSTMConfig, LSTM), "mlp": (MLPConfig, MLP),
+          "linear_attn": (LinearAttentionConfig, LinearAttention)}
 IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # set from the task
 
 TRAIN = {  # name: (default, help); presets and flags override
     "out_dir": ("", "where to write ckpt.pt and results.json (default out/<task>_<model>)"),
     "seed": (1337, "seed for the model init and the training batches"),
+    "match_params": (0, "set the model's width so its parameter count is within 2%% of this: 0 = off, "
+                        "-1 = the transformer's count for this task and preset"),
     "device": ("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps"),
     "dtype": ("auto", "auto (bfloat16 autocast on CUDA, else float32) | float32 | bfloat16"),
     "compile": (False, "torch.compile the model (falls back to eager if compilation fails)"),
@@ -73,27 +80,43 @@ RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "log_interval
 PRESETS = {
     "quick": {  # minutes on a 2-core CPU
         "bijection": dict(train=dict(max_iters=3000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=500),
+                          lstm=dict(n_layer=2, d_model=192),  # 608,064 params; the transformer's 604,928
+                          mlp=dict(n_layer=6, d_model=197),  # 603,263
                           transformer=dict(n_layer=3, n_head=4, n_embd=128)),
         "hmm": dict(train=dict(max_iters=2500, batch_size=64, lr=1e-3, warmup_iters=100, eval_K=[30, 50]),
+                    lstm=dict(n_layer=2, d_model=224, pos="none"),  # 832,613 params; the transformer's 827,653
+                    mlp=dict(n_layer=6, d_model=172),  # 828,397
                     transformer=dict(n_layer=4, n_head=4, n_embd=128)),
         "regression": dict(train=dict(max_iters=3000, batch_size=64, lr=1e-3, warmup_iters=100),
+                           lstm=dict(n_layer=2, d_model=222),  # 802,532 params; the transformer's 799,106
+                           mlp=dict(n_layer=6, d_model=235),  # 799,883
                            transformer=dict(n_layer=4, n_head=4, n_embd=128)),
         "recall": dict(task=dict(n_pairs=16, n_queries=8, key_vocab=64, value_vocab=64, filler=8),
                        train=dict(max_iters=1500, batch_size=64, lr=1e-3, warmup_iters=100),
+                       lstm=dict(n_layer=2, d_model=156),  # 432,276 params; the transformer's 429,696
+                       mlp=dict(n_layer=4, d_model=130),  # 430,998
                        transformer=dict(n_layer=2, n_head=4, n_embd=128)),
     },
     "paper": {  # the paper's sizes and schedules, for a GPU (shared/reference §4)
         "bijection": dict(train=dict(max_iters=100_000, batch_size=128, lr=3e-4, warmup_iters=2000, weight_decay=0.1,
                                      beta2=0.95, eval_interval=5000, log_interval=500),
+                          lstm=dict(n_layer=6, d_model=192, dropout=0.1),  # the authors' LSTM, 1,793,856 params
+                          mlp=dict(n_layer=9, d_model=366),  # 18 layers, 2,670,610 params; the transformer's 2,671,488
                           transformer=dict(n_layer=6, n_head=6, n_embd=192, norm="rmsnorm", bias=False)),
         "hmm": dict(train=dict(max_iters=80_000, batch_size=64, lr=3e-4, warmup_iters=1000, weight_decay=0.01,
                                eval_interval=5000, log_interval=500, eval_K=[30, 50]),
+                    lstm=dict(n_layer=9, d_model=256, pos="none", dropout=0.1),  # the authors' LSTM, 4,766,981 params
+                    mlp=dict(n_layer=9, d_model=559),  # 7,165,909 params; the transformer's 7,176,965
                     transformer=dict(n_layer=9, n_head=8, n_embd=256)),
         "regression": dict(train=dict(max_iters=50_000, batch_size=128, lr=3e-4, warmup_iters=2000,
                                       eval_interval=5000, log_interval=500),
+                           lstm=dict(n_layer=6, d_model=192, dropout=0.1),  # as for the bijection, 1,787,714 params
+                           mlp=dict(n_layer=9, d_model=370),  # 2,684,528 params; the transformer's 2,678,210
                            transformer=dict(n_layer=6, n_head=6, n_embd=192)),
         "recall": dict(train=dict(max_iters=50_000, batch_size=128, lr=3e-4, warmup_iters=2000,
                                   eval_interval=5000, log_interval=500),
+                       lstm=dict(n_layer=6, d_model=192, dropout=0.1),  # as for the bijection, 1,941,504 params
+                       mlp=dict(n_layer=9, d_model=261),  # 2,839,078 params; the transformer's 2,832,000
                        transformer=dict(n_layer=6, n_head=6, n_embd=192)),
     },
 }
@@ -161,7 +184,7 @@ def parse_args(argv):
 
 def build_config(task, model, preset, given):
     """defaults < preset < flags, split into train / task / model dicts."""
-    ps = PRESETS[preset][task]
+    ps = PRESETS[preset].get(task, {})
     task_names = {f.name for f in fields(TASKS[task])}
     model_names = {f.name for f in fields(MODELS[model][0])}
     train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {})
@@ -173,6 +196,44 @@ def build_config(task, model, preset, given):
 
 # -----------------------------------------------------------------------------
 # model, optimizer, checkpoints
+
+
+def count_params(Config, Model, mc):
+    with torch.device("meta"):  # shapes only: no memory, no init work
+        return Model(Config(**mc)).num_params()
+
+
+def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
+    """--match_params: the width (`Model.width_field`, else n_embd) whose parameter count is closest
+    to the target, which it must land within tol of. The count grows with the width: bisect."""
+    target, field = cfg["train"]["match_params"], getattr(Model, "width_field", "n_embd")
+    if target == -1:  # the transformer of this task and preset
+        target = count_params(TransformerConfig, Transformer,
+                              task_io | PRESETS[cfg["preset"]][cfg["task"]].get("transformer", {}))
+    if target < 1:
+        raise ValueError(f"--match_params must be a parameter count, 0 (off) or -1 (the transformer's), got {target}")
+
+    def count(w):  # (width, parameters) at the first width >= w that the model accepts
+        for v in range(max(w, 1), max(w, 1) + 256):
+            try:
+                return v, count_params(Config, Model, mc | {field: v})
+            except ValueError:  # e.g. n_embd not a multiple of n_head
+                pass
+        raise ValueError(f"--match_params: the model accepts no {field} in {w}..{w + 255}")
+
+    lo, hi = 0, 1
+    while count(hi)[1] < target and hi < 1 << 20:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:  # count(lo) < target <= count(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if count(mid)[1] >= target else (mid, hi)
+    w, n = min([count(hi)] + [count(lo)] * (lo > 0), key=lambda wn: abs(wn[1] - target))
+    off = n / target - 1
+    if abs(off) > tol:
+        raise ValueError(f"--match_params {target:,}: the closest {field}={w} gives {n:,} parameters "
+                         f"({100 * off:+.1f}%); change n_layer or other sizes")
+    print(f"match_params: {field}={w} gives {n:,} parameters, target {target:,} ({100 * off:+.2f}%)")
+    return mc | {field: w}
 
 
 def build(cfg, device):
@@ -189,6 +250,8 @@ def build(cfg, device):
               answer_offset=task.answer_offset, gaussian=task.gaussian)
     longest = max(t.seq_len for t in eval_tasks.values())
     mc = {"block_size": longest} | cfg["model_opts"] | io
+    if train.get("match_params"):  # .get: checkpoints written before the flag existed
+        mc = match_width(cfg, Config, Model, mc, {"block_size": longest} | io)
     config = Config(**mc)
     if getattr(config, "block_size", longest) < longest:
         raise ValueError(f"sequences of length {longest} exceed the model's context block_size={config.block_size}")

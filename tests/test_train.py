@@ -114,7 +114,7 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
 
 
 @pytest.mark.parametrize("argv, expect", [
-    (["--task", "nope"], "invalid choice: 'nope' (choose from 'bijection', 'hmm', 'regression', 'recall')"),
+    (["--task", "nope"], "invalid choice: 'nope' (choose from 'bijection', 'hmm', 'regression', 'recall', 'hop')"),
     (["--model", "rnn"], "invalid choice: 'rnn'"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
     (["--lrr", "1"], "did you mean --lr"),
@@ -127,7 +127,7 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--task", "hmm", "--block_size", "80"], "exceed the model's context block_size=80"),
     (["--task", "bijection", "--eval_K", "30"], "--eval_K needs a task with a K option"),
     (["--task", "bijection", "--n_embd", "30", "--n_head", "4"], "must split into n_head=4 heads"),
-    (["--task", "bijection", "--pos", "alibi"], "pos must be one of"),
+    (["--task", "bijection", "--pos", "sinusoidal"], "pos must be one of"),
     (["--task", "bijection", "--with_replacement", "maybe"], "expected true or false"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, argv, expect):
