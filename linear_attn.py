@@ -24,7 +24,7 @@ The rules, one convention (paper §5.3; beta_t is the paper's association streng
 
 Two forms of `memory`, equal to float tolerance (tests check outputs, final state and gradients):
 - recurrent: the reference loop over T, through unbind() slices so that backward stays linear in T
-  (indexing a full tensor per step makes it quadratic: shared/reference §6).
+  (indexing a full tensor per step makes backward quadratic in T).
 - chunked: chunks of C steps are matrix products; a loop of T/C steps carries S between chunks.
   * hebbian and oja are linear attention with a per-row gate (oja: a_{t,i}; hebbian: decay). With
     g_t = the sum of log a up to t in the chunk, write j enters read t with weight exp(g_t - g_j),

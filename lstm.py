@@ -1,13 +1,13 @@
 """
 LSTM baseline for the wind tunnels: embeddings, a stack of LSTM layers, a norm and a head.
 
-The paper's v3 architecture comparison (shared/reference §4.4, §5) uses an LSTM to show what
+The paper's v3 architecture comparison (arXiv 2512.22471 v3; the authors' code) uses an LSTM to show what
 recurrence with a fixed-size state can and cannot do: it realises belief *accumulation*
 (bijection: 0.009 bits, as good as the transformer) but not *transport* (HMM: 0.411 bits, no
 better than an MLP) and not random-access *binding* (recall: 0.5%, chance).
 
 Design decisions:
-- the authors' model [R]: token embeddings (+ learned absolute positions on the bijection,
+- the authors' model (their released code): token embeddings (+ learned absolute positions on the bijection,
   none on the HMM), `nn.LSTM(d, d, num_layers)` with dropout between layers, LayerNorm, and a
   head tied to the answer tokens' embeddings where answers are tokens (else a linear head).
   Their sizes: bijection d 192 x 6 layers with positions, tied head (1.79M parameters);

@@ -1,7 +1,7 @@
 """
 Capacity-matched residual MLP baseline for the wind tunnels: no recurrence, no attention.
 
-The paper's v1 control (shared/reference §4.3): residual MLPs with LayerNorm, 18-20 layers of
+The paper's v1 control (arXiv 2512.22471 v1): residual MLPs with LayerNorm, 18-20 layers of
 width 384-400, parameter count within 1% of the transformer; it fails by orders of magnitude
 (bijection ≈ 1.85 bits, HMM ≈ 0.409 bits). How that MLP saw the context is not stated in any
 source, so both readings are here:
@@ -11,11 +11,11 @@ source, so both readings are here:
   (block_size), plus the current token and position. It sees everything at once but has no
   sequence machinery: each slot s has its own first-layer weights W_s, nothing is shared
   across positions, and no order or recurrence is built in. Causal: slots after t are zero.
-  A third-party replication [3P] used an MLP on the flattened sequence;
+  A third-party replication used an MLP on the flattened sequence;
 - `per_position=True`: only the current token and its position (the authors' later control
-  [JL], 9 blocks of 192 -> 768 -> 192 with a tied head). It can do no better than the
+  in a follow-up note, 9 blocks of 192 -> 768 -> 192 with a tied head). It can do no better than the
   position-averaged predictor: 1.107 bits on the bijection (uniform over the V values at
-  every position), where it plateaus in [JL].
+  every position), where theirs plateaus.
 
 Design decisions:
 - blocks: x + Linear(GELU(Linear(LayerNorm(x)))), hidden width mlp_ratio * d_model; with

@@ -18,7 +18,7 @@ in the paper preset the MLP is matched, the LSTM is the authors' unmatched one).
 preset of a few steps at toy sizes, for tests.
 
 Output: results/table.md with, per task, each model's entropy MAE in both conventions, KL,
-accuracy, parameters and training time beside the paper's numbers (shared/reference §5),
+accuracy, parameters and training time beside the paper's numbers,
 and per task a figure of per-position model entropy against the oracle's for every model
 (results/entropy_<task>.png; needs matplotlib, without it the table still comes out).
 """
@@ -39,13 +39,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TASK_ORDER = ("bijection", "hmm", "regression", "recall")  # the default matrix: the wind tunnels
 MODEL_ORDER = ("transformer", "mamba", "lstm", "mlp", "linear_attn")  # those of them in train.MODELS
 
-# shared/reference §5, second-hand (v3 table unless noted); MAE in bits, recall as accuracy
+# the paper's numbers (v3 architecture table unless noted); MAE in bits, recall as accuracy
 PAPER = {
     "bijection": dict(transformer="0.007", mamba="0.010", lstm="0.009", mlp="≈1.85"),
     "hmm": dict(transformer="0.049", mamba="0.024", lstm="0.411", mlp="≈0.409"),
     "recall": dict(transformer="acc. 100%", mamba="acc. 97.8%", lstm="acc. 0.5%"),
 }
-PAPER_NOTES = """Paper numbers (shared/reference §5) are second-hand: the v3 architecture table unless noted.
+PAPER_NOTES = """Paper numbers (second-hand transcriptions of arXiv 2512.22471) are the v3 architecture table unless noted.
 Bijection: the authors' evaluation averages over sequences first (our mean-curve convention); the v1 transformer
 figure is 3e-3 and the MLP's ≈1.85 is from v1. HMM: the v3 table (0.049 for the transformer, against 7.5e-5 in v1,
 an unresolved discrepancy); the authors' HMM scripts score per token; the transformer's K=50 figure is 0.029.

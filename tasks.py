@@ -17,7 +17,7 @@ Model I/O is described by attributes every task has: `vocab_size` (0 for real in
 (mean, log-variance) when `gaussian`), `answer_offset` (token id of answer class 0 when the
 answers are tokens, which lets a model tie its head to the embedding) and `seq_len` (T).
 
-Design decisions (see shared/reference/paper_bayesian_wind_tunnels.md §2):
+Design decisions (formats follow the authors' released code where the paper is silent):
 - bijection: the authors' analysed "sepvocab" format, keys 0..V-1 and values V..2V-1,
   `k1 v1 k2 v2 ... kL`, every key position a query; L defaults to V-1 = 19 as in their
   analysed checkpoint (the position-only predictor then scores 1.107 bits; L=V adds a final
@@ -26,8 +26,9 @@ Design decisions (see shared/reference/paper_bayesian_wind_tunnels.md §2):
   `[OBS] o1 [OBS] o2 ...`; rows ~ Dirichlet(1), by default floored at 0.05 and put on a
   2-decimal grid (authors' code) so the header states the matrices exactly. With
   `discretize=False` the header shows the rounded matrices while the oracle uses the exact ones.
-- regression (not in the paper; the standard conjugate setting): tokens alternate
-  [x_i, 0, 1] and [0, y_i, 0]; y_i is predicted at the x_i token.
+- regression (not in the paper; the standard conjugate setting): tokens alternate a query
+  [x_i, 0, 1], where y_i is predicted, and the observed pair [x_i, y_i, 0]. Each observation is one
+  token, so the task tests accumulation, not the binding of x and y across positions (recall's job).
 - recall: the authors' generator layout `[STORE k SEP v] x N, FILLER x F, then QUERY k PAD`
   with F/2 fillers between queries; the bound value is read at the query key position (causal).
 """
@@ -234,7 +235,7 @@ class Regression(Task):
         ys = (xs @ w.unsqueeze(-1)).squeeze(-1) + self.noise_std * torch.randn(B, K, generator=g, dtype=torch.float64)
         x = torch.zeros(B, K, 2, d + 2)
         x[:, :, 0, :d], x[:, :, 0, d + 1] = xs.float(), 1.0  # x token: [x_i, 0, 1]
-        x[:, :, 1, d] = ys.float()  # y token: [0, y_i, 0]
+        x[:, :, 1, :d], x[:, :, 1, d] = xs.float(), ys.float()  # pair token: [x_i, y_i, 0]
         x = x.view(B, 2 * K, d + 2)
         y = torch.zeros(B, K, 2)
         y[:, :, 0] = ys.float()

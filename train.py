@@ -33,12 +33,13 @@ import time
 
 import torch
 
-from oracles import Metrics
-from tasks import TASKS, make_task
 from linear_attn import LinearAttention, LinearAttentionConfig
 from lstm import LSTM, LSTMConfig
 from mamba import Mamba, MambaConfig
 from mlp import MLP, MLPConfig
+from oracles import Metrics
+from presets import PRESETS
+from tasks import TASKS, make_task
 from transformer import Transformer, TransformerConfig
 
 MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba),
@@ -77,49 +78,6 @@ CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "ckpt_sched
 RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "log_interval", "eval_interval",
              "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
 
-PRESETS = {
-    "quick": {  # minutes on a 2-core CPU
-        "bijection": dict(train=dict(max_iters=3000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=500),
-                          lstm=dict(n_layer=2, d_model=192),  # 608,064 params; the transformer's 604,928
-                          mlp=dict(n_layer=6, d_model=197),  # 603,263
-                          transformer=dict(n_layer=3, n_head=4, n_embd=128)),
-        "hmm": dict(train=dict(max_iters=2500, batch_size=64, lr=1e-3, warmup_iters=100, eval_K=[30, 50]),
-                    lstm=dict(n_layer=2, d_model=224, pos="none"),  # 832,613 params; the transformer's 827,653
-                    mlp=dict(n_layer=6, d_model=172),  # 828,397
-                    transformer=dict(n_layer=4, n_head=4, n_embd=128)),
-        "regression": dict(train=dict(max_iters=3000, batch_size=64, lr=1e-3, warmup_iters=100),
-                           lstm=dict(n_layer=2, d_model=222),  # 802,532 params; the transformer's 799,106
-                           mlp=dict(n_layer=6, d_model=235),  # 799,883
-                           transformer=dict(n_layer=4, n_head=4, n_embd=128)),
-        "recall": dict(task=dict(n_pairs=16, n_queries=8, key_vocab=64, value_vocab=64, filler=8),
-                       train=dict(max_iters=1500, batch_size=64, lr=1e-3, warmup_iters=100),
-                       lstm=dict(n_layer=2, d_model=156),  # 432,276 params; the transformer's 429,696
-                       mlp=dict(n_layer=4, d_model=130),  # 430,998
-                       transformer=dict(n_layer=2, n_head=4, n_embd=128)),
-    },
-    "paper": {  # the paper's sizes and schedules, for a GPU (shared/reference §4)
-        "bijection": dict(train=dict(max_iters=100_000, batch_size=128, lr=3e-4, warmup_iters=2000, weight_decay=0.1,
-                                     beta2=0.95, eval_interval=5000, log_interval=500),
-                          lstm=dict(n_layer=6, d_model=192, dropout=0.1),  # the authors' LSTM, 1,793,856 params
-                          mlp=dict(n_layer=9, d_model=366),  # 18 layers, 2,670,610 params; the transformer's 2,671,488
-                          transformer=dict(n_layer=6, n_head=6, n_embd=192, norm="rmsnorm", bias=False)),
-        "hmm": dict(train=dict(max_iters=80_000, batch_size=64, lr=3e-4, warmup_iters=1000, weight_decay=0.01,
-                               eval_interval=5000, log_interval=500, eval_K=[30, 50]),
-                    lstm=dict(n_layer=9, d_model=256, pos="none", dropout=0.1),  # the authors' LSTM, 4,766,981 params
-                    mlp=dict(n_layer=9, d_model=559),  # 7,165,909 params; the transformer's 7,176,965
-                    transformer=dict(n_layer=9, n_head=8, n_embd=256)),
-        "regression": dict(train=dict(max_iters=50_000, batch_size=128, lr=3e-4, warmup_iters=2000,
-                                      eval_interval=5000, log_interval=500),
-                           lstm=dict(n_layer=6, d_model=192, dropout=0.1),  # as for the bijection, 1,787,714 params
-                           mlp=dict(n_layer=9, d_model=370),  # 2,684,528 params; the transformer's 2,678,210
-                           transformer=dict(n_layer=6, n_head=6, n_embd=192)),
-        "recall": dict(train=dict(max_iters=50_000, batch_size=128, lr=3e-4, warmup_iters=2000,
-                                  eval_interval=5000, log_interval=500),
-                       lstm=dict(n_layer=6, d_model=192, dropout=0.1),  # as for the bijection, 1,941,504 params
-                       mlp=dict(n_layer=9, d_model=261),  # 2,839,078 params; the transformer's 2,832,000
-                       transformer=dict(n_layer=6, n_head=6, n_embd=192)),
-    },
-}
 
 # -----------------------------------------------------------------------------
 # command line
@@ -250,7 +208,7 @@ def build(cfg, device):
               answer_offset=task.answer_offset, gaussian=task.gaussian)
     longest = max(t.seq_len for t in eval_tasks.values())
     mc = {"block_size": longest} | cfg["model_opts"] | io
-    if train.get("match_params"):  # .get: checkpoints written before the flag existed
+    if train["match_params"]:
         mc = match_width(cfg, Config, Model, mc, {"block_size": longest} | io)
     config = Config(**mc)
     if getattr(config, "block_size", longest) < longest:
@@ -449,9 +407,7 @@ def main(argv=None):
                 if k in RESUMABLE:
                     cfg["train"][k] = v
             cfg["train"]["out_dir"] = out_dir
-            if given.get("eval_only"):
-                return run(cfg, resume_state, eval_only=True)
-            return run(cfg, resume_state)
+            return run(cfg, resume_state, eval_only=bool(given.get("eval_only")))
         return run(build_config(known.task, known.model, known.preset, given))
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")

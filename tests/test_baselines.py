@@ -113,7 +113,7 @@ def test_bf16_autocast_runs_and_keeps_the_lstm_recurrence_in_float32(kind):
 
 
 def test_the_authors_lstm_sizes():
-    """shared/reference §4.4: bijection d 192 x 6 with positions, tied (1.79-1.80M); HMM d 256 x 9 (≈4.77M)."""
+    """The authors' LSTMs: bijection d 192 x 6 with positions, tied (1.79-1.80M); HMM d 256 x 9 (≈4.77M)."""
     for task, n in (("bijection", 1_793_856), ("hmm", 4_766_981)):
         cfg = train.build_config(task, "lstm", "paper", {})
         t = tasks.make_task(task)
