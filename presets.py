@@ -5,7 +5,13 @@ paper's sizes and schedules, for a GPU). train.py layers them: defaults < preset
 Each entry holds `train` (training-loop settings), `task` (task options) and one dict per model
 (model options). The paper sizes follow the paper (arXiv 2512.22471) and the authors' released code.
 The quick sizes were chosen by measurement on a 2-core CPU; README.md has what they reach.
+
+`match_width` sizes a model to a parameter budget (train.py --match_params), for
+capacity-matched comparisons.
 """
+import torch
+
+from transformer import Transformer, TransformerConfig
 
 PRESETS = {
     "quick": {  # minutes on a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%
@@ -54,3 +60,41 @@ PRESETS = {
                        lstm=dict(n_layer=6, d_model=192, dropout=0.1), mlp=dict(n_layer=9, d_model=261)),
     },
 }
+
+
+def count_params(Config, Model, mc):
+    with torch.device("meta"):  # shapes only: no memory, no init work
+        return Model(Config(**mc)).num_params()
+
+
+def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
+    """--match_params: the width (`Model.width_field`, else n_embd) whose parameter count is closest
+    to the target, which it must land within tol of. The count grows with the width: bisect."""
+    target, field = cfg["train"]["match_params"], getattr(Model, "width_field", "n_embd")
+    if target == -1:  # the transformer of this task and preset
+        target = count_params(TransformerConfig, Transformer,
+                              task_io | PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {}))
+    if target < 1:
+        raise ValueError(f"--match_params must be a parameter count, 0 (off) or -1 (the transformer's), got {target}")
+
+    def count(w):  # (width, parameters) at the first width >= w that the model accepts
+        for v in range(max(w, 1), max(w, 1) + 256):
+            try:
+                return v, count_params(Config, Model, mc | {field: v})
+            except ValueError:  # e.g. n_embd not a multiple of n_head
+                pass
+        raise ValueError(f"--match_params: the model accepts no {field} in {w}..{w + 255}")
+
+    lo, hi = 0, 1
+    while count(hi)[1] < target and hi < 1 << 20:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:  # count(lo) < target <= count(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if count(mid)[1] >= target else (mid, hi)
+    w, n = min([count(hi)] + [count(lo)] * (lo > 0), key=lambda wn: abs(wn[1] - target))
+    off = n / target - 1
+    if abs(off) > tol:
+        raise ValueError(f"--match_params {target:,}: the closest {field}={w} gives {n:,} parameters "
+                         f"({100 * off:+.1f}%); change n_layer or other sizes")
+    print(f"match_params: {field}={w} gives {n:,} parameters, target {target:,} ({100 * off:+.2f}%)")
+    return mc | {field: w}

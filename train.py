@@ -38,7 +38,7 @@ from lstm import LSTM, LSTMConfig
 from mamba import Mamba, MambaConfig
 from mlp import MLP, MLPConfig
 from oracles import Metrics
-from presets import PRESETS
+from presets import PRESETS, match_width
 from tasks import TASKS, make_task
 from transformer import Transformer, TransformerConfig
 
@@ -68,7 +68,7 @@ TRAIN = {  # name: (default, help); presets and flags override
     "eval_interval": (500, "steps between held-out evaluations and checkpoints"),
     "eval_samples": (2000, "held-out sequences in the final evaluation"),
     "eval_samples_during": (500, "held-out sequences in the evaluations during training"),
-    "eval_seed": (424242, "seed of the held-out sequences (disjoint from training by construction of seeds)"),
+    "eval_seed": (424242, "seed of the held-out sequences, a different stream from the training batches"),
     "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
     "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at log-spaced steps"),
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
@@ -154,44 +154,6 @@ def build_config(task, model, preset, given):
 
 # -----------------------------------------------------------------------------
 # model, optimizer, checkpoints
-
-
-def count_params(Config, Model, mc):
-    with torch.device("meta"):  # shapes only: no memory, no init work
-        return Model(Config(**mc)).num_params()
-
-
-def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
-    """--match_params: the width (`Model.width_field`, else n_embd) whose parameter count is closest
-    to the target, which it must land within tol of. The count grows with the width: bisect."""
-    target, field = cfg["train"]["match_params"], getattr(Model, "width_field", "n_embd")
-    if target == -1:  # the transformer of this task and preset
-        target = count_params(TransformerConfig, Transformer,
-                              task_io | PRESETS[cfg["preset"]][cfg["task"]].get("transformer", {}))
-    if target < 1:
-        raise ValueError(f"--match_params must be a parameter count, 0 (off) or -1 (the transformer's), got {target}")
-
-    def count(w):  # (width, parameters) at the first width >= w that the model accepts
-        for v in range(max(w, 1), max(w, 1) + 256):
-            try:
-                return v, count_params(Config, Model, mc | {field: v})
-            except ValueError:  # e.g. n_embd not a multiple of n_head
-                pass
-        raise ValueError(f"--match_params: the model accepts no {field} in {w}..{w + 255}")
-
-    lo, hi = 0, 1
-    while count(hi)[1] < target and hi < 1 << 20:
-        lo, hi = hi, 2 * hi
-    while hi - lo > 1:  # count(lo) < target <= count(hi)
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if count(mid)[1] >= target else (mid, hi)
-    w, n = min([count(hi)] + [count(lo)] * (lo > 0), key=lambda wn: abs(wn[1] - target))
-    off = n / target - 1
-    if abs(off) > tol:
-        raise ValueError(f"--match_params {target:,}: the closest {field}={w} gives {n:,} parameters "
-                         f"({100 * off:+.1f}%); change n_layer or other sizes")
-    print(f"match_params: {field}={w} gives {n:,} parameters, target {target:,} ({100 * off:+.2f}%)")
-    return mc | {field: w}
 
 
 def build(cfg, device):

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 
 import tasks
+import presets
 import train
 from lstm import LSTM, LSTMConfig
 from mlp import MLP, MLPConfig
@@ -118,7 +119,7 @@ def test_the_authors_lstm_sizes():
         cfg = train.build_config(task, "lstm", "paper", {})
         t = tasks.make_task(task)
         io = dict(vocab_size=t.vocab_size, n_classes=t.n_classes, answer_offset=t.answer_offset, block_size=t.seq_len)
-        assert train.count_params(LSTMConfig, LSTM, io | cfg["model_opts"]) == n
+        assert presets.count_params(LSTMConfig, LSTM, io | cfg["model_opts"]) == n
 
 
 def test_bad_configs_and_too_long_sequences():
