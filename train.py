@@ -360,6 +360,8 @@ def main(argv=None):
             out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{known.model}")
             resume_state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
             cfg = resume_state["config"]
+            if "block_size" in resume_state["model_config"]:  # the trained position table fixes the context
+                cfg["model_opts"]["block_size"] = resume_state["model_config"]["block_size"]
             for k, v in given.items():
                 if k in ("resume", "eval_only"):
                     continue

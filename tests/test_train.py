@@ -81,6 +81,16 @@ def test_eval_only_and_log_spaced_checkpoints(tmp_path):
     assert r["metrics"]["default"]["n_sequences"] == 30 and r["iters"] == 12
 
 
+def test_eval_only_beyond_the_trained_context_is_a_clear_error(tmp_path, capsys):
+    argv = ["--task", "hmm", "--K", "3", "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--max_iters", "2",
+            "--eval_interval", "2", "--eval_K", "4", "--eval_samples", "10", "--eval_samples_during", "10",
+            "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 0
+    assert run_main(["--task", "hmm", "--eval_only", "--out_dir", str(tmp_path), "--eval_K", "9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "exceed the model's context block_size=61" in err, err
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = tasks.Task.loss
