@@ -51,8 +51,9 @@ from einops import rearrange
 
 SCAN_MODES = ("sequential", "chunked")
 # mode=None picks per device. CPU, measured with bench_scan.py (B=16, D=384, N=16, forward + backward,
-# 1 thread, best of 3), seconds at L = 64 / 256 / 1024: sequential 0.10 / 0.27 / 1.44, chunked
-# 0.18 / 0.78 / 3.86. Sequential is faster at every length, so it is the CPU default.
+# best of 3), seconds at L = 64 / 256 / 1024: 1 thread, sequential 0.10 / 0.27 / 1.44, chunked
+# 0.18 / 0.78 / 3.86; 2 threads, sequential 0.04 / 0.17 / 1.07, chunked 0.08 / 0.33 / 2.44.
+# Sequential is faster at every length, so it is the CPU default.
 # CUDA: no GPU was available, so this default is not a GPU timing. Chunked dispatches 13x fewer
 # kernels at L=256 and 28x fewer at L=1024 (bench_scan.py counts them), and a Python loop of small
 # kernels is bound by launch latency on a GPU. Check with `python bench_scan.py --device cuda`.
