@@ -15,14 +15,13 @@ gradients for q, k, v and beta.
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
+from bench_scan import time_and_peak
 from linear_attn import DEFAULT_CHUNK, RULES, memory
 
 
@@ -37,7 +36,6 @@ def measure(rule, mode, chunk, T, args):
                   beta=torch.sigmoid(r(B, H, T)))
     for t in inputs.values():
         t.requires_grad_()
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     decay = args.decay if rule == "hebbian" else None
 
     def step(x):
@@ -47,22 +45,8 @@ def measure(rule, mode, chunk, T, args):
             t.grad = None
 
     step({k: v[:, :, :8].detach().requires_grad_() for k, v in inputs.items()})  # lazy initialisation stays out of the baseline
-    if dev.type == "cuda":
-        base = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes on Linux
-    times = []
-    for i in range(args.warmup + args.reps):
-        sync()
-        t0 = time.perf_counter()
-        step(inputs)
-        sync()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - base
-    return dict(time=min(times), peak_mb=peak / 2**20)
+    t, peak_mb = time_and_peak(lambda: step(inputs), dev, args.warmup, args.reps)
+    return dict(time=t, peak_mb=peak_mb)
 
 
 def main():

@@ -37,6 +37,28 @@ class CountKernels(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def time_and_peak(step, dev, warmup, reps):
+    """Best time of step() over reps runs after warmup runs, and the peak memory it added (MB): the
+    high-water resident set on CPU (which only grows), torch.cuda.max_memory_allocated on CUDA."""
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if dev.type == "cuda":
+        base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes on Linux
+    times = []
+    for i in range(warmup + reps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - base
+    return min(times), peak / 2**20
+
+
 def measure(mode, L, args):
     """Time, extra peak memory and kernel count of one forward + backward, in this process."""
     torch.set_num_threads(args.threads)
@@ -47,7 +69,6 @@ def measure(mode, L, args):
     inputs = dict(u=r(B, D, L), delta=r(B, D, L), B=r(B, N, L), C=r(B, N, L), z=r(B, D, L), D=r(D),
                   delta_bias=(torch.full((D,), -2.0, device=dev)).requires_grad_(),
                   A=(-torch.arange(1, N + 1, dtype=torch.float32)).repeat(D, 1).to(dev).requires_grad_())
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step():
         y = selective_scan(**inputs, delta_softplus=True, mode=mode)
@@ -57,26 +78,10 @@ def measure(mode, L, args):
 
     small = {k: v[..., :8].detach() if k in ("u", "delta", "B", "C", "z") else v.detach() for k, v in inputs.items()}
     selective_scan(**small, delta_softplus=True, mode=mode)  # lazy initialisation stays out of the baseline
-    if dev.type == "cuda":
-        base = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes on Linux
-    times = []
-    for i in range(args.warmup + args.reps):
-        sync()
-        t0 = time.perf_counter()
-        step()
-        sync()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    if dev.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(dev) - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    t, peak_mb = time_and_peak(step, dev, args.warmup, args.reps)
     with CountKernels() as counter:
         step()
-    return dict(time=min(times), peak_mb=peak / 2**20, kernels=counter.n)
+    return dict(time=t, peak_mb=peak_mb, kernels=counter.n)
 
 
 def main():

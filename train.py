@@ -176,9 +176,9 @@ def build(cfg, device):
     if getattr(config, "block_size", longest) < longest:
         raise ValueError(f"sequences of length {longest} exceed the model's context block_size={config.block_size}")
     model = Model(config).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)]
-    no_decay = [p for p in model.parameters() if not (p.dim() >= 2 and not getattr(p, "_no_weight_decay", False))]
-    groups = [dict(params=decay, weight_decay=train["weight_decay"]), dict(params=no_decay, weight_decay=0.0)]
+    decays = [p.dim() >= 2 and not getattr(p, "_no_weight_decay", False) for p in model.parameters()]
+    groups = [dict(params=[p for p, d in zip(model.parameters(), decays) if d], weight_decay=train["weight_decay"]),
+              dict(params=[p for p, d in zip(model.parameters(), decays) if not d], weight_decay=0.0)]
     betas = (train["beta1"], train["beta2"])
     try:  # the fused kernel on CUDA, the plain loop elsewhere
         opt = torch.optim.AdamW(groups, lr=train["lr"], betas=betas, fused=device.type == "cuda")
