@@ -50,9 +50,13 @@ class Batch:
     mask: torch.Tensor
     latent: dict = field(default_factory=dict)
 
-    def to(self, device):
-        mv = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t
+    def map(self, fn):
+        """fn applied to every tensor: x, y, mask and the latent parameters (all batch-first)."""
+        mv = lambda t: fn(t) if isinstance(t, torch.Tensor) else t
         return Batch(mv(self.x), mv(self.y), mv(self.mask), {k: mv(v) for k, v in self.latent.items()})
+
+    def to(self, device):
+        return self.map(lambda t: t.to(device))
 
 
 def check(ok, msg):

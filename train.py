@@ -17,8 +17,14 @@ sequences from a fixed seed; hmm is also evaluated at K = 30 and 50 (length gene
 A run writes `ckpt.pt` and `results.json` (config, parameter count, every metric, per-position
 model vs oracle entropy curves, history, wall time, device, seed, code version) to --out_dir.
 Checkpoints hold only tensors and plain values and load with weights_only=True.
+
+Data-parallel on several GPUs (or CPU processes): `torchrun --nproc_per_node=N train.py ...`.
+--batch_size stays the global batch: every rank draws the same global batch from the same seed
+and trains on its 1/N slice, DDP averages the gradients, so a run follows the single-process
+run's trajectory. Rank 0 alone logs, evaluates and writes the checkpoint and results.json.
 """
 import argparse
+import builtins
 from contextlib import nullcontext
 from dataclasses import asdict, fields
 import difflib
@@ -32,6 +38,8 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from linear_attn import LinearAttention, LinearAttentionConfig
 from lstm import LSTM, LSTMConfig
@@ -71,11 +79,12 @@ TRAIN = {  # name: (default, help); presets and flags override
     "eval_seed": (424242, "seed of the held-out sequences, a different stream from the training batches"),
     "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
     "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at log-spaced steps"),
+    "stop_at": ("", "stop once a held-out evaluation reaches this, e.g. mae_curve<=0.01 or accuracy>=0.99"),
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
     "eval_only": (False, "evaluate the checkpoint in --out_dir and write eval.json"),
 }
 CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "ckpt_schedule": ("last", "eval", "log")}
-RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "log_interval", "eval_interval",
+RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
              "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
 
 
@@ -212,12 +221,29 @@ def code_version():
         return "unknown"
 
 
-def pick_device(name):
+def pick_device(name, local_rank=None):
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available() or name == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {name!r} is not available here; use auto or cpu")
+    if name == "cuda" and local_rank is not None:
+        name = f"cuda:{local_rank}"  # one GPU per data-parallel process
     return torch.device(name)
+
+
+def init_distributed(train, device):
+    """(rank, world size): (0, 1) alone, else joins the torchrun process group (NCCL on GPUs, gloo on CPUs)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1:
+        return 0, 1
+    if train["batch_size"] % world:
+        raise ValueError(f"--batch_size {train['batch_size']} (the global batch) must be a multiple of the "
+                         f"{world} data-parallel processes")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world
 
 
 def log_spaced(n):
@@ -242,6 +268,24 @@ def evaluate(model, task, n_samples, seed, device, ctx, batch_size=250):
     return m.result(task)
 
 
+def parse_stop(spec, task):
+    """'metric<=x' or 'metric>=x' -> a test of an evaluation's metrics; '' -> None."""
+    if not spec:
+        return None
+    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
+    try:
+        x = float(m.group(3)) if m else None
+    except ValueError:
+        x = None
+    if x is None:
+        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
+                         "mae_curve, mae_token, kl, accuracy")
+    name, op = m.group(1), m.group(2)
+    if name == "accuracy" and task.gaussian:
+        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
+    return lambda r: name in r and (r[name] <= x if op == "<=" else r[name] >= x)
+
+
 def summary(r):
     s = f"mae_curve {r['mae_curve']:.4f} | mae_token {r['mae_token']:.4f} | kl {r['kl']:.4f}"
     return s + (f" | acc {r['accuracy']:.4f} (bayes {r['oracle_accuracy']:.4f})" if "accuracy" in r else "")
@@ -253,9 +297,21 @@ def fmt_time(s):
 
 def run(cfg, resume_state=None, eval_only=False):
     train = cfg["train"]
-    device = pick_device(train["device"])
+    device = pick_device(train["device"], int(os.environ.get("LOCAL_RANK", 0)) if "WORLD_SIZE" in os.environ else None)
+    rank, world = init_distributed(train, device)
+    try:
+        return train_loop(cfg, device, rank, world, resume_state, eval_only)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def train_loop(cfg, device, rank, world, resume_state, eval_only):
+    train, master = cfg["train"], rank == 0
+    print = builtins.print if master else (lambda *a, **k: None)  # rank 0 speaks for the run
     torch.manual_seed(train["seed"])
     task, eval_tasks, model, opt, model_config = build(cfg, device)
+    stop = parse_stop(train["stop_at"], task)
     use_bf16 = train["dtype"] == "bfloat16" or train["dtype"] == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
     ctx = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
     out_dir = train["out_dir"]
@@ -268,15 +324,18 @@ def run(cfg, resume_state=None, eval_only=False):
         gen.set_state(resume_state["gen_state"])
         torch.set_rng_state(resume_state["torch_rng"])
         it, elapsed, history = resume_state["iter"], resume_state["elapsed"], resume_state["history"]
-    fwd = model
+    # buffers are constants (position tables, masks): nothing to broadcast, and rank 0 evaluates alone
+    net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False) if world > 1 else model
+    fwd = net
     if train["compile"]:
         try:
-            fwd = torch.compile(model)
-            with ctx:
+            fwd = torch.compile(net)
+            with ctx, torch.no_grad():
                 fwd(task.sample(2, torch.Generator().manual_seed(0)).x.to(device))
         except Exception as e:  # no compiler toolchain, unsupported op, ...
             print(f"torch.compile failed ({type(e).__name__}); running eager")
-            fwd = model
+            fwd = net
+    eval_fwd = model if world > 1 else fwd  # the bare model: no gradient hooks, no collectives
     n_params = model.num_params()
     print(f"{cfg['task']} x {cfg['model']} | {n_params:,} params | device {device}{' bf16' if use_bf16 else ''} | out {out_dir}")
 
@@ -296,7 +355,12 @@ def run(cfg, resume_state=None, eval_only=False):
         lr = train["lr"] * ((it + 1) / (w + 1) if it < w else train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = task.sample(train["batch_size"], gen).to(device)
+        batch = task.sample(train["batch_size"], gen)  # every rank draws the same global batch...
+        if world > 1:  # ...and trains on its slice
+            per = train["batch_size"] // world
+            batch = batch.map(lambda t: t[rank * per:(rank + 1) * per])
+        # from pinned memory the copy to a GPU is asynchronous; from pageable memory it would wait for the GPU
+        batch = batch.map(lambda t: t.pin_memory().to(device, non_blocking=True)) if device.type == "cuda" else batch.to(device)
         with ctx:
             out = fwd(batch.x)
             loss = task.loss(out, batch)
@@ -307,7 +371,11 @@ def run(cfg, resume_state=None, eval_only=False):
         opt.step()
         it += 1
         if it % train["log_interval"] == 0 or it == T:
-            lossf = loss.item()  # the only host sync between log lines
+            lossf = loss.detach()
+            if world > 1:  # the global batch's loss, the same on every rank (so all stop together on a NaN)
+                dist.all_reduce(lossf)
+                lossf = lossf / world
+            lossf = lossf.item()  # the only host sync between log lines
             if not math.isfinite(lossf):
                 last = f"{ckpt_path} (step {history[-1]['iter']})" if history else "none was saved yet"
                 print(f"loss is {lossf} at step {it}: stopping; last good checkpoint: {last}", file=sys.stderr)
@@ -320,25 +388,40 @@ def run(cfg, resume_state=None, eval_only=False):
             print(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {m.result(task)['mae_token']:.4f} bits (batch) "
                   f"| {tok_s / 1e3:.1f}k tok/s | lr {lr:.2e} | eta {fmt_time(eta)}")
             t_log, it_log = time.time(), it
-        if it % train["eval_interval"] == 0 or it == T or it in snapshots:
-            params_ok = all(torch.isfinite(p).all() for p in model.parameters())
-            if not params_ok:
-                print(f"parameters are not finite at step {it}: stopping; last good checkpoint: {ckpt_path}", file=sys.stderr)
-                return 1
-            if it % train["eval_interval"] == 0 or it == T:
-                r = evaluate(fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx)
+        at_eval = it % train["eval_interval"] == 0 or it == T
+        if not (at_eval or it in snapshots):
+            continue
+        verdict = 0  # rank 0's: 0 go on, 1 the --stop_at target is reached, 2 the parameters are not finite
+        if master and not all(torch.isfinite(p).all() for p in model.parameters()):
+            print(f"parameters are not finite at step {it}: stopping; last good checkpoint: {ckpt_path}", file=sys.stderr)
+            verdict = 2
+        elif master:
+            if at_eval:
+                r = evaluate(eval_fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx)
                 history.append(dict(iter=it, loss=loss.item(), time=elapsed + time.time() - t_start,
                                     **{k: v for k, v in r.items() if not k.startswith("curve")}))
                 print(f"eval step {it}: {summary(r)}")
                 save_checkpoint(ckpt_path, state())
-            if train["ckpt_schedule"] == "eval" and it % train["eval_interval"] == 0 or it in snapshots:
+                verdict = int(stop is not None and stop(r))
+            if train["ckpt_schedule"] == "eval" and at_eval or it in snapshots:
                 save_checkpoint(os.path.join(out_dir, f"ckpt_{it:07d}.pt"), state())
             t_log, it_log = time.time(), it  # progress rates exclude evaluation time
+        if world > 1:  # every rank follows rank 0's verdict
+            flag = torch.tensor([verdict], device=device)
+            dist.broadcast(flag, 0)
+            verdict = int(flag.item())
+        if verdict == 2:
+            return 1
+        if verdict == 1:
+            print(f"reached {train['stop_at']} at step {it}: stopping")
+            break
 
+    if not master:
+        return 0
     wall = elapsed + time.time() - t_start
     metrics = {}
     for name, t in eval_tasks.items():
-        metrics[name] = evaluate(fwd, t, train["eval_samples"], train["eval_seed"], device, ctx)
+        metrics[name] = evaluate(eval_fwd, t, train["eval_samples"], train["eval_seed"], device, ctx)
         print(f"final {name} ({train['eval_samples']} held-out sequences): {summary(metrics[name])}")
     results = dict(task=cfg["task"], model=cfg["model"], preset=cfg["preset"], config=cfg, model_config=model_config,
                    task_options=task.options(), n_params=n_params, iters=it, metrics=metrics, history=history,

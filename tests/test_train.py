@@ -108,6 +108,15 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert not (tmp_path / "results.json").exists()
 
 
+def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
+    argv = TINY + ["--max_iters", "12", "--eval_interval", "4"]
+    assert run_main(argv + ["--stop_at", "kl<=100", "--out_dir", str(tmp_path / "a")]) == 0  # met at once
+    assert run_main(argv + ["--stop_at", "accuracy>=1.01", "--out_dir", str(tmp_path / "b")]) == 0  # never met
+    a, b = (json.load(open(tmp_path / d / "results.json")) for d in "ab")
+    assert a["iters"] == 4 and [h["iter"] for h in a["history"]] == [4]
+    assert b["iters"] == 12 and [h["iter"] for h in b["history"]] == [4, 8, 12]
+
+
 class NotATensor:
     pass
 
@@ -139,6 +148,8 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--task", "bijection", "--n_embd", "30", "--n_head", "4"], "must split into n_head=4 heads"),
     (["--task", "bijection", "--pos", "sinusoidal"], "pos must be one of"),
     (["--task", "bijection", "--with_replacement", "maybe"], "expected true or false"),
+    (["--task", "bijection", "--stop_at", "mae<=0.1"], "expected METRIC<=X or METRIC>=X"),
+    (["--task", "regression", "--stop_at", "accuracy>=0.9"], "regression has no accuracy"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, argv, expect):
     assert run_main(argv + ["--max_iters", "0", "--out_dir", "/nonexistent/never"]) == 2

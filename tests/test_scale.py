@@ -1,0 +1,96 @@
+"""The speed paths run on CPU: data-parallel training (gloo), torch.compile, bf16 autocast, bench.py."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--max_iters", "6",
+        "--batch_size", "8", "--log_interval", "1", "--eval_interval", "6", "--eval_samples", "20",
+        "--eval_samples_during", "10", "--device", "cpu", "--lr", "1e-2", "--warmup_iters", "1"]
+
+
+def run(cmd, out_dir, *extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd + TINY + ["--out_dir", str(out_dir), *extra], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    losses = [float(x) for x in re.findall(r"\| loss (\S+) \|", p.stdout)]
+    with open(os.path.join(out_dir, "results.json")) as f:
+        return losses, json.load(f), p.stdout
+
+
+def test_data_parallel_follows_the_single_process_trajectory(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    ddp_losses, ddp, out = run(torchrun, tmp_path / "ddp")
+    one_losses, one, _ = run([sys.executable, "train.py"], tmp_path / "one")
+    assert len(ddp_losses) == len(one_losses) == 6
+    assert out.count("wrote ") == 1  # rank 0 alone logs and writes results.json
+    for a, b in zip(ddp_losses, one_losses):
+        assert a == pytest.approx(b, abs=2e-4)
+    assert ddp["metrics"]["default"]["kl"] == pytest.approx(one["metrics"]["default"]["kl"], abs=2e-3)
+    # the same function at the end (compared on outputs: Adam turns the float noise in the gradient of
+    # the attention's key bias, zero in exact arithmetic, into different steps), and it moved from the init
+    outs = []
+    for state in [torch.load(tmp_path / d / "ckpt.pt", weights_only=True) for d in ("ddp", "one")] + [None]:
+        torch.manual_seed(ddp["config"]["train"]["seed"])  # the run's initialisation
+        task, _, model, _, _ = train.build(ddp["config"], torch.device("cpu"))
+        if state is not None:
+            model.load_state_dict(state["model"])
+        with torch.no_grad():
+            outs.append(model(task.sample(16, torch.Generator().manual_seed(0)).x))
+    assert torch.allclose(outs[0], outs[1], atol=1e-4) and not torch.allclose(outs[0], outs[2], atol=1e-2)
+
+
+def test_data_parallel_needs_a_divisible_batch(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
+    p = subprocess.run(torchrun + TINY + ["--batch_size", "7", "--out_dir", str(tmp_path)], capture_output=True,
+                       text=True, cwd=ROOT, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode != 0 and "must be a multiple of the 2 data-parallel processes" in p.stderr
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="torch.compile needs a C compiler on CPU")
+def test_compiled_training_matches_eager(tmp_path):
+    compiled, _, out = run([sys.executable, "train.py"], tmp_path / "c", "--compile")
+    eager, _, _ = run([sys.executable, "train.py"], tmp_path / "e")
+    assert "torch.compile failed" not in out
+    for a, b in zip(compiled, eager):
+        assert a == pytest.approx(b, abs=1e-3)
+
+
+def test_bf16_autocast_trains_close_to_float32(tmp_path):
+    bf16, _, out = run([sys.executable, "train.py"], tmp_path / "b", "--dtype", "bfloat16")
+    fp32, _, _ = run([sys.executable, "train.py"], tmp_path / "f")
+    assert "bf16" in out.splitlines()[0]
+    assert bf16 != fp32 and all(abs(a - b) < 0.05 for a, b in zip(bf16, fp32))  # bf16 rounding, not another run
+
+
+def test_bench_counts_the_flops_of_every_model(tmp_path):
+    import bench
+    rows = tmp_path / "bench.json"
+    assert bench.main(["--task", "bijection", "--sizes", "quick", "--batch_size", "8", "--reps", "1", "--warmup", "0",
+                       "--threads", "1", "--peak_n", "128", "--json", str(rows)]) == 0
+    rows = json.load(open(rows))
+    assert [r["model"] for r in rows] == ["transformer", "mamba", "lstm", "mlp", "linear_attn"]
+    for r in rows:
+        # about 6 flops per parameter per token (forward 2, backward 4): a few parameters cost none (position
+        # tables, the MLP's padded prefix weights), attention adds some; a model whose main matmuls went
+        # uncounted (the LSTM's fused layers, CPU attention) would land far below
+        assert r["gflop_per_step"] * 1e9 >= 0.7 * 6 * r["params"] * r["batch"] * r["seq_len"]
+        assert r["tokens_per_s"] > 0 and 0 <= r["data_share"] < 1 and 0 <= r["oracle_share"] < 1
+
+
+def test_bench_rejects_unknown_models_and_sizes(capsys):
+    import bench
+    for argv, msg in ((["--models", "gpt"], "unknown model 'gpt'; valid models: transformer"),
+                      (["--sizes", "huge"], "unknown size 'huge'; valid sizes: quick, paper")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
