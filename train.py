@@ -129,7 +129,7 @@ def add_flag(group, name, default, help, ftype=None):
 
 
 def parse_args(argv):
-    pre = Parser(prog="train.py", add_help=False)
+    pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
     pre.add_argument("--task", default="recall", choices=list(TASKS))
     pre.add_argument("--model", default="transformer", choices=list(MODELS))
     pre.add_argument("--preset", default="quick", choices=list(PRESETS))

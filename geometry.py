@@ -1,0 +1,448 @@
+"""
+Geometric diagnostics of a trained wind-tunnel model (arXiv 2512.22471 §6-7, v3's architecture
+comparison): what the keys, queries, attention and representations look like inside.
+
+    python geometry.py all --ckpt out/hmm_transformer      # every diagnostic that applies
+    python geometry.py dynamics --ckpt out/dyn             # a run trained with --ckpt_schedule log
+
+Each writes geometry_<name>.json (the numbers) and .png (if matplotlib is installed) beside the
+checkpoint, from --n_seq held-out sequences of the run's eval seed (those train.py scores), in float64.
+
+Definitions. Scored positions: the task's `mask` (bijection: every key; hmm: every observation).
+Hypothesis tokens: the answer tokens where answers are tokens (bijection: the V value tokens, the
+hypotheses pi(k), as in the authors' jlens code); hmm has no state tokens: its O observation symbols.
+- keys: per layer and head, the mean |cos| over the n(n-1) off-diagonal pairs of the hypothesis
+  tokens' keys. `weight`: K = E W_K^T from the raw embedding rows (no position, norm or bias: the
+  paper's statistic, a weight-space proxy beyond layer 0); `context`: the layer's actual keys, averaged
+  per token over its occurrences. Baselines: a fresh model from the run's seed (`init`); i.i.d.
+  Gaussian keys of the same n and d_head (`gaussian`, 200 draws). `embedding`: the statistic on the
+  embedding rows themselves (n_embd dims). `--key_tokens vocab`: every token id (authors' qkv_analysis).
+- qk (Fig. 15): per layer, cos(q_t, k_j) averaged over heads, scored t, prior positions j < t (heatmap:
+  one sequence); mean cos, `spread` (std over j, mean over rows); attention entropy in bits over the
+  full row (mean over heads, rows, sequences) beside log2(#visible); attention mass on hypothesis tokens.
+- values (Figs. 16-17): representations at scored positions: `emb` (embedding), `L1`.. (residual after
+  l blocks), `final` (after the final norm: what the head reads), with attention `attn0`.. (block l's
+  att @ v, heads concatenated). PCA (SVD of the centred points): PC1 share, dims for 90%/95% of the
+  variance, |Pearson corr(PC1, H)| with H the oracle's posterior entropy, `probe_r2`: a least-squares
+  linear probe (with intercept) of H fitted on a random 80%, R^2 on the other 20% (< 0: worse than the
+  mean). The bijection's H = log2(V - t) depends on the position alone: a probe reads it off positions.
+- dynamics (frame-precision dissociation): for ckpt_*.pt and ckpt.pt of one run: entropy MAE;
+  attention similarity 1 - JS(att || att_final) in bits (scored rows, mean over heads and sequences);
+  layer-0 `weight` key |cos|; final-layer values metrics. Summary: the steps from which each layer's
+  similarity stays >= --settle and the key |cos| within 10% of its end value; the MAE's fall after.
+- ablate: entropy MAE (both conventions, oracles.Metrics) with each layer skipped (output = input),
+  each head masked (head_mask 0), and every head of a layer masked (the attention then adds only its
+  output projection's bias; with bias=False that is skipping the attention).
+- clusters (v3 "five clusters"; hmm): values plus the silhouette of the argmax filtering-posterior
+  state's clusters (Euclidean, top-10 PCs, --max_points points); PCA by state and by H.
+keys, qk, dynamics need softmax attention (transformer); values bijection or hmm; clusters hmm; ablate
+runs on every model. A diagnostic that does not apply, or a missing checkpoint: a one-line error (exit 2).
+"""
+from functools import partial
+import glob
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from oracles import Metrics, entropy_bits, oracle
+from tasks import make_task
+from train import MODELS, Parser, load_checkpoint
+
+DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters")  # the order of `all`
+ATTENTION = ("transformer",)  # models with softmax attention: queries, keys, attention maps
+ENTROPY_TASKS = ("bijection", "hmm")  # posterior entropy varies across scored positions
+
+
+def ckpt_path(path):
+    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+
+
+def build_model(state, trained=True):
+    """The checkpoint's model, or (trained=False) the run's initialisation, in float64 eval mode."""
+    if not trained:  # train.py seeds the global RNG with --seed, then builds the model
+        torch.manual_seed(state["config"]["train"]["seed"])
+    Config, Model = MODELS[state["config"]["model"]]
+    model = Model(Config(**state["model_config"]))
+    if trained:
+        model.load_state_dict(state["model"])
+    return model.double().eval()
+
+
+def load(path):
+    """(model, task, state) from a run's out_dir or a checkpoint file."""
+    state = load_checkpoint(ckpt_path(path))
+    try:
+        return build_model(state), make_task(state["config"]["task"], **state["config"]["task_opts"]), state
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"{ckpt_path(path)} is not a train.py checkpoint ({type(e).__name__}: {str(e)[:80]})") \
+            from None
+
+
+def hypothesis_tokens(task, which="hypothesis"):
+    if which == "vocab":
+        return torch.arange(task.vocab_size)
+    if task.answer_offset is not None:  # bijection values, recall values, hop entities
+        return torch.arange(task.answer_offset, task.answer_offset + task.n_classes)
+    if task.name == "hmm":
+        return torch.arange(task.OBS + 1, task.OBS + 1 + task.n_obs)  # the observation symbols
+    raise ValueError(f"task {task.name!r} has no hypothesis tokens")
+
+# -----------------------------------------------------------------------------
+# statistics (float64)
+
+
+def offdiag_abs_cos(K):
+    """(..., n, d) -> (...): mean |cos| over the n(n-1) off-diagonal pairs of the n rows."""
+    Kn = F.normalize(K, dim=-1)
+    C = (Kn @ Kn.transpose(-1, -2)).abs()
+    n = K.shape[-2]
+    return (C.sum((-1, -2)) - C.diagonal(dim1=-2, dim2=-1).sum(-1)) / (n * (n - 1))
+
+
+def pca(X):
+    """Scores on the principal axes and each axis' share of the variance."""
+    Xc = X - X.mean(0)
+    _, S, Vh = torch.linalg.svd(Xc, full_matrices=False)
+    return Xc @ Vh.T, S ** 2 / (S ** 2).sum()
+
+
+def probe_r2(X, y, frac=0.8, seed=42):
+    """Held-out R^2 of a least-squares linear map (with intercept) from X to y."""
+    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))
+    tr, te = idx[:int(frac * len(X))], idx[int(frac * len(X)):]
+    A = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype)], 1)
+    w = torch.linalg.lstsq(A[tr], y[tr, None], driver="gelsd").solution  # SVD-based: X may be rank-deficient
+    resid = y[te] - (A[te] @ w).squeeze(1)
+    return (1 - resid.pow(2).sum() / (y[te] - y[te].mean()).pow(2).sum()).item()
+
+
+def silhouette(X, labels):
+    """Mean silhouette (b - a) / max(a, b): a = mean distance to the own cluster's other points,
+    b = the smallest mean distance to another cluster; 0 for points alone in their cluster."""
+    ks = labels.unique()  # a single cluster has no b: NaN
+    D = torch.cdist(X, X)
+    own = labels[:, None] == ks[None, :]  # (n, k)
+    sums, sizes = D @ own.double(), own.sum(0)
+    n_own = (own * sizes).sum(1)
+    a = (sums * own).sum(1) / (n_own - 1).clamp(min=1)
+    b = (sums / sizes).masked_fill(own, float("inf")).min(1).values
+    return torch.where(n_own > 1, (b - a) / torch.maximum(a, b), torch.zeros_like(a)).mean().item()
+
+
+def manifold_stats(X, H, labels=None, max_points=3000, seed=42):
+    """PCA / entropy statistics of representations X (n, d) with entropies H (n,); see the docstring."""
+    Z, share = pca(X)
+    cum = share.cumsum(0)
+    r = dict(pc1_share=share[0].item(), pc2_share=share[1].item() if len(share) > 1 else 0.0,
+             dims_90=int((cum < 0.9 - 1e-9).sum()) + 1, dims_95=int((cum < 0.95 - 1e-9).sum()) + 1,
+             corr_pc1=torch.corrcoef(torch.stack([Z[:, 0], H]))[0, 1].abs().item(), probe_r2=probe_r2(X, H))
+    if labels is not None:
+        sub = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:max_points]
+        r["silhouette"] = silhouette(Z[sub, :10], labels[sub])
+    return r, Z[:, :2]
+
+
+def js_bits(p, q):
+    """Jensen-Shannon divergence in bits between distributions on the last dim, in [0, 1]."""
+    m = (p + q) / 2
+    kl = lambda a: torch.where(a > 0, a * (a.log() - m.log()), torch.zeros_like(a)).sum(-1)
+    return (kl(p) + kl(q)) / (2 * math.log(2))
+
+# -----------------------------------------------------------------------------
+# the diagnostics: each returns (numbers for the JSON, a function drawing the figure)
+
+
+def key_frame(model, tokens, batch=None):
+    """(n_layer, H) mean |cos| of the hypothesis tokens' keys: weight-space, or in context from batch."""
+    C, H = model.config.n_embd, model.config.n_head
+    if batch is None:
+        E = model.wte.weight[tokens]  # (n, C) raw embedding rows
+        K = torch.stack([(E @ b.attn.c_attn.weight[C:2 * C].T).view(len(tokens), H, -1).transpose(0, 1)
+                         for b in model.blocks])  # (n_layer, H, n, d)
+        return offdiag_abs_cos(K), K[0]
+    onehot = (batch.x[..., None] == tokens[torch.isin(tokens, batch.x)]).double()  # (B, T, n) tokens that occur
+    _, inside = model(batch.x, return_internals=True)
+    K = torch.stack([torch.einsum("bhtd,btn->hnd", l["k"], onehot) for l in inside["layers"]])
+    K = K / onehot.sum((0, 1))[:, None]  # the mean key of each token
+    return offdiag_abs_cos(K), K[0]
+
+
+def keys(model, task, batch, state, args):
+    tokens = hypothesis_tokens(task, args.key_tokens)
+    init, d = build_model(state, trained=False), model.config.n_embd // model.config.n_head
+    stats = {}
+    for name, m in (("trained", model), ("init", init)):
+        (w, K0), (c, _) = key_frame(m, tokens), key_frame(m, tokens, batch)
+        stats[name] = dict(weight=w, context=c, K0=K0)
+    g = torch.Generator().manual_seed(0)
+    gauss = lambda dim: offdiag_abs_cos(torch.randn(200, len(tokens), dim, generator=g, dtype=torch.float64)).mean()
+    emb = {m: offdiag_abs_cos(k.wte.weight[tokens]).item() for m, k in (("trained", model), ("init", init))}
+    layers = [{f"{m}_{k}": stats[m][k][l].tolist() for m in stats for k in ("weight", "context")}
+              | {f"{m}_{k}_mean": stats[m][k][l].mean().item() for m in stats for k in ("weight", "context")}
+              for l in range(model.config.n_layer)]
+    r = dict(tokens=args.key_tokens, n_tokens=len(tokens), d_head=d, gaussian=gauss(d).item(), layers=layers,
+             embedding=emb | dict(gaussian=gauss(model.config.n_embd).item()))
+
+    def draw(plt):
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
+        h = int(stats["trained"]["weight"][0].argmin())
+        Kn = F.normalize(stats["trained"]["K0"][h], dim=-1)
+        im = ax[0].imshow((Kn @ Kn.T).numpy(), cmap="RdBu_r", vmin=-1, vmax=1)
+        ax[0].set_title(f"layer 0, most orthogonal head ({h}): cos of the {len(tokens)} hypothesis keys (E W_K)",
+                        fontsize=9)
+        fig.colorbar(im, ax=ax[0])
+        x, w = torch.arange(len(layers)), 0.2
+        for i, k in enumerate(("trained_weight", "trained_context", "init_weight", "init_context")):
+            ax[1].bar(x + (i - 1.5) * w, [l[k + "_mean"] for l in layers], w, label=k.replace("_", ", "))
+        ax[1].axhline(r["gaussian"], color="k", ls="--", label=f"Gaussian keys, d={d}")
+        ax[1].set(xlabel="layer", ylabel="mean |off-diagonal cos|", xticks=x, title="key orthogonality per layer")
+        ax[1].legend(fontsize=8)
+        return fig
+    return r, draw
+
+
+def qk(model, task, batch, state, args):
+    q_pos = batch.mask[0].nonzero().squeeze(1)  # scored positions, the same in every sequence
+    prior = torch.arange(batch.x.shape[1])[None, :] < q_pos[:, None]  # (Q, T): j < t
+    hyp = torch.isin(batch.x, hypothesis_tokens(task)).double()  # (B, T)
+    _, inside = model(batch.x, return_internals=True)
+    layers, heat = [], []
+    for l in inside["layers"]:
+        cos = (F.normalize(l["q"][:, :, q_pos], dim=-1) @ F.normalize(l["k"], dim=-1).transpose(-1, -2)).mean(1)
+        std = torch.stack([cos[:, i, prior[i]].std(-1) for i in range(len(q_pos)) if prior[i].sum() >= 2], 1)
+        att = l["att"][:, :, q_pos]  # (B, H, Q, T)
+        layers.append(dict(mean_cos=cos[:, prior].mean().item(), spread=std.mean().item(),
+                           att_entropy_bits=entropy_bits(att).mean().item(),
+                           att_mass_hypothesis=(att * hyp[:, None, None, :]).sum(-1).mean().item()))
+        heat.append(cos[0].masked_fill(~prior, float("nan")))
+    r = dict(uniform_entropy_bits=torch.log2(q_pos.double() + 1).mean().item(), layers=layers)
+
+    def draw(plt):
+        n = len(heat)
+        fig, ax = plt.subplots(1, n + 1, figsize=(3.6 * (n + 1), 3.4))
+        for i, hm in enumerate(heat):
+            im = ax[i].imshow(hm.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+            ax[i].set(title=f"layer {i}: cos(q_t, k_j)", xlabel="prior position j", ylabel="query t (scored)")
+        fig.colorbar(im, ax=ax[:n])
+        ax[n].plot([l["att_entropy_bits"] for l in layers], "o-", label="attention entropy")
+        ax[n].axhline(r["uniform_entropy_bits"], color="k", ls="--", label="uniform over visible")
+        ax[n].set(xlabel="layer", ylabel="bits", title="attention entropy at scored rows")
+        ax[n].legend(fontsize=8)
+        return fig
+    return r, draw
+
+
+def representations(model, batch):
+    """[(name, (N, d) representation at the scored positions)] for every layer."""
+    _, inside = model(batch.x, return_internals=True)
+    reps = [l["x"] for l in inside["layers"]] + [inside["final"]]
+    names = ["emb"] + [f"L{i}" for i in range(1, len(reps) - 1)] + ["final"]
+    for i, l in enumerate(inside["layers"]):
+        if "att" in l:  # attention: its output, the attention-weighted values of all heads
+            reps.append(rearrange(l["att"] @ l["v"], "b h t d -> b t (h d)"))
+            names.append(f"attn{i}")
+    return [(n, h[batch.mask]) for n, h in zip(names, reps)]
+
+
+def scored_entropy(task, batch):
+    p = oracle(task, batch)[batch.mask]  # (N, C)
+    return entropy_bits(p), p.argmax(-1)
+
+
+def manifold(model, task, batch, state, args, by_state=False):
+    """values (by_state=False) and clusters (True): the statistics per layer, and the PCA figure."""
+    H, states = scored_entropy(task, batch)
+    layers, coords = {}, {}
+    for name, X in representations(model, batch):
+        layers[name], coords[name] = manifold_stats(X, H, states if by_state else None, args.max_points)
+    sub = torch.randperm(len(H), generator=torch.Generator().manual_seed(0))[:args.max_points]
+
+    def draw(plt):
+        panels = [(n, "H") for n in layers] if not by_state else [("final", "state"), ("final", "H")]
+        cols = min(len(panels), 5)
+        rows = (len(panels) + cols - 1) // cols
+        fig, axs = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.3 * rows), squeeze=False)
+        for ax, (name, colour) in zip(axs.flat, panels):
+            Z, s = coords[name][sub].numpy(), layers[name]
+            if colour == "state":
+                pts = ax.scatter(Z[:, 0], Z[:, 1], c=states[sub].numpy(), s=2, cmap="tab10", vmin=0, vmax=9)
+                ax.legend(*pts.legend_elements(), title="state", fontsize=7)
+                title = f"{state['config']['model']} {name}, by argmax state\nsilhouette {s['silhouette']:.2f}"
+            else:
+                sc = ax.scatter(Z[:, 0], Z[:, 1], c=H[sub].numpy(), s=2, cmap="RdYlBu_r",
+                                vmin=H.quantile(0.02).item(), vmax=H.quantile(0.98).item())
+                title = (f"{name}: PC1 {100 * s['pc1_share']:.1f}%\n"
+                         f"|corr(PC1,H)| {s['corr_pc1']:.2f}, R2 {s['probe_r2']:.2f}")
+            ax.set_title(title, fontsize=8)
+        for ax in list(axs.flat)[len(panels):]:
+            ax.axis("off")
+        fig.colorbar(sc, ax=axs, label="posterior entropy H (bits)")
+        return fig
+    return dict(layers=layers), draw
+
+
+def entropy_mae(model, task, batch, **kw):
+    m = Metrics()
+    m.update(task, batch, model(batch.x, **kw))
+    return {k: v for k, v in m.result(task).items() if not k.startswith("curve") and k != "n_sequences"}
+
+
+def ablate(model, task, batch, state, args):
+    c = model.config
+    base = entropy_mae(model, task, batch)
+    rows = [dict(ablation=f"skip L{l}", **entropy_mae(model, task, batch, skip_layers={l})) for l in range(c.n_layer)]
+    if hasattr(c, "n_head"):  # models with a head_mask (transformer, linear_attn)
+        for l, h in [(l, h) for l in range(c.n_layer) for h in [*range(c.n_head), None]]:
+            mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
+            mask[l, slice(None) if h is None else h] = 0
+            name = f"mask L{l} all heads" if h is None else f"mask L{l}H{h}"
+            rows.append(dict(ablation=name, **entropy_mae(model, task, batch, head_mask=mask)))
+    for row in rows:
+        row.update(ratio_token=row["mae_token"] / base["mae_token"], ratio_curve=row["mae_curve"] / base["mae_curve"])
+    r = dict(baseline=base, ablations=rows)
+
+    def draw(plt):
+        fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(rows)), 4))
+        ax.bar(range(len(rows)), [row["mae_token"] for row in rows], color="tab:red")
+        ax.axhline(base["mae_token"], color="k", ls="--", label=f"intact: {base['mae_token']:.4f} bits")
+        ax.set_xticks(range(len(rows)), [row["ablation"] for row in rows], rotation=90, fontsize=7)
+        ax.set(yscale="log", ylabel="entropy MAE per token (bits)", title="ablations")
+        ax.legend()
+        return fig
+    return r, draw
+
+
+def dynamics(model, task, batch, state, args):
+    H, _ = scored_entropy(task, batch)
+    q_pos = batch.mask[0].nonzero().squeeze(1)
+    maps = lambda inside: [l["att"][:, :, q_pos] for l in inside["layers"]]  # (B, H, Q, T) per layer
+    final = maps(model(batch.x, return_internals=True)[1])
+    rows = {}
+    for path in glob.glob(os.path.join(args.ckpt, "ckpt_*.pt")) + [ckpt_path(args.ckpt)]:
+        m, _, st = load(path)
+        _, inside = m(batch.x, return_internals=True)
+        Z = manifold_stats(inside["final"][batch.mask], H, max_points=args.max_points)[0]
+        rows[st["iter"]] = dict(step=st["iter"], **entropy_mae(m, task, batch),
+                                att_similarity=[1 - js_bits(a, b).mean().item() for a, b in zip(maps(inside), final)],
+                                key_cos_l0=key_frame(m, hypothesis_tokens(task))[0][0].mean().item(), **Z)
+    rows = [rows[step] for step in sorted(rows)]  # ckpt.pt, the last, may repeat a snapshot's step
+    # settled: the first checkpoint from which a curve stays within tolerance of its final value
+    settled = lambda xs, ok: next(i for i in range(len(xs)) if all(map(ok, xs[i:])))
+    att = [settled([r["att_similarity"][l] for r in rows], lambda x: x >= args.settle) for l in range(len(final))]
+    key_final = rows[-1]["key_cos_l0"]
+    key = settled([r["key_cos_l0"] for r in rows], lambda x: abs(x - key_final) <= 0.1 * key_final)
+    mae = lambda i: rows[i]["mae_token"] / rows[-1]["mae_token"]
+    summary = dict(settle_threshold=args.settle, attention_settled_step=[rows[i]["step"] for i in att],
+                   mae_improvement_after_attention=[mae(i) for i in att], keys_settled_step=rows[key]["step"],
+                   mae_improvement_after_keys=mae(key), mae_token_final=rows[-1]["mae_token"])
+    r = dict(steps=rows, summary=summary)
+
+    def draw(plt):
+        fig, axs = plt.subplots(1, 4, figsize=(17, 3.6))
+        col = lambda k, l=None: [r[k] if l is None else r[k][l] for r in rows]
+        panels = {"entropy MAE (bits)": {"per token": col("mae_token"), "mean-curve": col("mae_curve")},
+                  "attention similarity to final (1 - JS)": {f"layer {l}": col("att_similarity", l)
+                                                             for l in range(len(final))},
+                  "layer-0 key mean |cos| (E W_K)": {"trained": col("key_cos_l0")},
+                  "final-layer value manifold": {k: col(k) for k in ("pc1_share", "corr_pc1", "probe_r2")}}
+        for ax, (title, curves) in zip(axs, panels.items()):
+            for label, ys in curves.items():
+                ax.plot(col("step"), ys, "o-", ms=3, label=label)
+            ax.axvline(rows[att[0]]["step"], color="gray", ls=":")  # layer-0 attention settled
+            ax.set(xscale="log", xlabel="training step", title=title)
+            ax.legend(fontsize=8)
+        axs[0].set_yscale("log")
+        return fig
+    return r, draw
+
+RUN = dict(keys=keys, qk=qk, values=manifold, dynamics=dynamics, ablate=ablate,
+           clusters=partial(manifold, by_state=True))
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+def why_not(name, cfg, path):
+    """None if the diagnostic applies to this checkpoint, else the reason."""
+    model, task = cfg["model"], cfg["task"]
+    if name in ("keys", "qk", "dynamics") and model not in ATTENTION:
+        return f"{name} needs a model with softmax attention ({', '.join(ATTENTION)}), not {model!r}"
+    if name in ("values", "dynamics") and task not in ENTROPY_TASKS:
+        return f"{name} needs a task whose posterior entropy varies ({', '.join(ENTROPY_TASKS)}), not {task!r}"
+    if name == "clusters" and task != "hmm":
+        return f"clusters needs an hmm checkpoint (hidden states), not {task!r}"
+    if name in ("keys", "qk") and task not in ("bijection", "hmm", "recall", "hop"):
+        return f"{name} needs a task with hypothesis tokens, not {task!r}"
+    if name == "dynamics" and not glob.glob(os.path.join(path, "ckpt_*.pt")):
+        return f"dynamics needs snapshot checkpoints ckpt_*.pt in {path} (train with --ckpt_schedule log)"
+    return None
+
+
+def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
+    if isinstance(x, dict):
+        return {k: to_json(v) for k, v in x.items()}
+    return [to_json(v) for v in x] if isinstance(x, list) else None if x != x else x
+
+
+def pyplot():
+    """matplotlib's pyplot, or None: the figures are optional, the JSON is not."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: writing the JSON only")
+        return None
+    plt.rcParams["figure.constrained_layout.use"] = True
+    return plt
+
+
+def main(argv=None):
+    p = Parser(prog="geometry.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
+    p.add_argument("diagnostic", choices=DIAGNOSTICS + ("all",), help="which diagnostic (all: every one that applies)")
+    p.add_argument("--ckpt", required=True, help="a run's out_dir (its ckpt.pt) or a checkpoint file")
+    p.add_argument("--n_seq", type=int, default=200, help="held-out sequences to analyse")
+    p.add_argument("--seed", type=int, default=None, help="seed of those sequences (default: the run's eval_seed)")
+    p.add_argument("--max_points", type=int, default=3000, help="points in the scatter plots and the silhouette")
+    p.add_argument("--key_tokens", default="hypothesis", choices=("hypothesis", "vocab"),
+                   help="keys: the hypothesis tokens (paper) or every token id (authors' qkv_analysis)")
+    p.add_argument("--settle", type=float, default=0.95, help="dynamics: attention similarity that counts as settled")
+    p.add_argument("--no_plot", action="store_true", help="write the JSON only")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.n_seq < 2 or args.max_points < 2:
+            raise ValueError("--n_seq and --max_points must be >= 2")
+        model, task, state = load(args.ckpt)
+        cfg, path = state["config"], ckpt_path(args.ckpt)
+        names = [n for n in DIAGNOSTICS if args.diagnostic in (n, "all") and not why_not(n, cfg, args.ckpt)]
+        if args.diagnostic != "all" and why_not(args.diagnostic, cfg, args.ckpt):
+            raise ValueError(why_not(args.diagnostic, cfg, args.ckpt))
+        seed = cfg["train"]["eval_seed"] if args.seed is None else args.seed
+        batch = task.sample(args.n_seq, torch.Generator().manual_seed(seed))
+        plt = None if args.no_plot else pyplot()
+        stem = os.path.splitext(os.path.basename(path))[0]
+        for n in names:
+            with torch.no_grad():
+                r, draw = RUN[n](model, task, batch, state, args)
+            base = os.path.join(os.path.dirname(path), f"geometry_{n}" + ("" if stem == "ckpt" else f"_{stem}"))
+            head = dict(diagnostic=n, ckpt=path, task=cfg["task"], model=cfg["model"], iter=state["iter"],
+                        n_seq=args.n_seq, seed=seed)
+            with open(base + ".json", "w") as f:
+                json.dump(to_json(head | r), f, indent=1)
+            if plt is not None:
+                fig = draw(plt)
+                fig.savefig(base + ".png", dpi=90)
+                plt.close(fig)
+            print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))
+    except ValueError as e:
+        p.exit(2, f"geometry.py: error: {e}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
