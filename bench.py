@@ -29,7 +29,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
@@ -60,15 +59,7 @@ EXTRA_FLOPS = {  # ops the flop counter does not count (CPU attention, mkldnn LS
 
 
 def best_time(fn, dev, warmup, reps):
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    times = []
-    for i in range(warmup + reps):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return min(times[warmup:])
+    return time_and_peak(fn, dev, warmup, reps)[0]
 
 
 def matmul_peak(dev, dtype, n, reps):
