@@ -443,6 +443,7 @@ def main(argv=None):
             out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{known.model}")
             resume_state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
             cfg = resume_state["config"]
+            cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
             if "block_size" in resume_state["model_config"]:  # the trained position table fixes the context
                 cfg["model_opts"]["block_size"] = resume_state["model_config"]["block_size"]
             for k, v in given.items():

@@ -108,6 +108,15 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert not (tmp_path / "results.json").exists()
 
 
+def test_resume_fills_in_settings_added_after_the_checkpoint(tmp_path):
+    assert run_main(TINY + ["--max_iters", "4", "--eval_interval", "4", "--out_dir", str(tmp_path)]) == 0
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del state["config"]["train"]["stop_at"]  # as written before the flag existed
+    torch.save(state, tmp_path / "ckpt.pt")
+    assert run_main(["--task", "bijection", "--resume", "--max_iters", "6", "--out_dir", str(tmp_path)]) == 0
+    assert json.load(open(tmp_path / "results.json"))["iters"] == 6
+
+
 def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
     argv = TINY + ["--max_iters", "12", "--eval_interval", "4"]
     assert run_main(argv + ["--stop_at", "kl<=100", "--out_dir", str(tmp_path / "a")]) == 0  # met at once
