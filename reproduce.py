@@ -147,7 +147,7 @@ def fmt_time(s):
 
 
 def fmt_acc(m):
-    return f"{100 * m['accuracy']:.1f}% ({100 * m['oracle_accuracy']:.1f}%)" if "accuracy" in m else "—"
+    return f"{100 * m['accuracy']:.2f}% ({100 * m['oracle_accuracy']:.2f}%)" if "accuracy" in m else "—"
 
 
 def figure(task, rows, path):
