@@ -27,10 +27,13 @@ TARGETS = {"bijection": "mae_curve<=0.01", "hmm": "mae_curve<=0.05", "recall": "
            "regression": "mae_curve<=0.05"}
 
 
+def metric(spec):
+    return spec.split("<")[0].split(">")[0]  # "mae_curve<=0.01" -> "mae_curve"
+
+
 def first_reached(history, spec, task_name):
     """(the first history entry that meets spec or None, the best entry)."""
-    stop = train.parse_stop(spec, make_task(task_name))
-    name = spec.split("<")[0].split(">")[0]
+    stop, name = train.parse_stop(spec, make_task(task_name)), metric(spec)
     best = (max if ">=" in spec else min)(history, key=lambda h: h[name]) if history else None
     return next((h for h in history if stop(h)), None), best
 
@@ -71,7 +74,7 @@ def main(argv=None):
         with open(os.path.join(out_dir, "results.json")) as f:
             r = json.load(f)
         hit, best = first_reached(r["history"], TARGETS[t], t)
-        name = TARGETS[t].split("<")[0].split(">")[0]
+        name = metric(TARGETS[t])
         rows.append(dict(task=t, target=TARGETS[t], reached=hit is not None, steps=(hit or {}).get("iter"),
                          time_s=(hit or {}).get("time"), value=(hit or best or {}).get(name), run_steps=r["iters"],
                          run_time_s=r["wall_time_s"], eval_interval=r["config"]["train"]["eval_interval"],

@@ -94,3 +94,31 @@ def test_bench_rejects_unknown_models_and_sizes(capsys):
         with pytest.raises(SystemExit) as e:
             bench.main(argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path):
+    import time_to_target
+    out, res = tmp_path / "out", tmp_path / "res"
+    tiny = ["--max_iters", "4", "--batch_size", "8", "--n_layer", "1", "--n_head", "2", "--n_embd", "16",
+            "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cpu"]
+    assert time_to_target.main(["--tasks", "bijection", "--eval_interval", "2", "--out", str(out), "--results", str(res),
+                                "--", *tiny, "--V", "6"]) == 0
+    [row] = json.load(open(res / "time_to_target.json"))
+    assert not row["reached"] and row["run_steps"] == 4 and row["eval_interval"] == 2  # 0.01 bits is out of reach
+    runs = tmp_path / "runs"  # a finished run whose history meets the target at its second evaluation
+    os.makedirs(runs / "bijection_transformer")
+    history = [dict(iter=2, time=1.0, mae_curve=0.3), dict(iter=4, time=2.0, mae_curve=0.008)]
+    json.dump(dict(history=history, iters=4, wall_time_s=3.0, device="cpu", config=dict(train=dict(eval_interval=2))),
+              open(runs / "bijection_transformer" / "results.json", "w"))
+    assert time_to_target.main(["--tasks", "bijection", "--from_runs", str(runs), "--results", str(res)]) == 0
+    [row] = json.load(open(res / "time_to_target_from_runs.json"))
+    assert row["reached"] and row["steps"] == 4 and row["time_s"] == 2.0 and row["value"] == 0.008
+
+
+def test_time_to_target_rejects_unknown_tasks_and_missing_runs(tmp_path, capsys):
+    import time_to_target
+    for argv, msg in ((["--tasks", "hop"], "unknown task 'hop'; valid tasks: bijection"),
+                      (["--from_runs", str(tmp_path)], "no finished run at")):
+        with pytest.raises(SystemExit) as e:
+            time_to_target.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
