@@ -76,8 +76,7 @@ def measure(task_name, model_name, size, args):
     dev = train.pick_device(args.device)
     task, _, model, opt, _ = train.build(cfg, dev)
     B, T = cfg["train"]["batch_size"], task.seq_len
-    use_bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
-    ctx = torch.autocast(dev.type, dtype=torch.bfloat16) if use_bf16 else torch.autocast(dev.type, enabled=False)
+    use_bf16, ctx = train.autocast("auto", dev)  # train.py's default precision
     fwd = torch.compile(model) if args.compile else model
     g = torch.Generator().manual_seed(0)
     batch = task.sample(B, g).to(dev)

@@ -231,6 +231,12 @@ def pick_device(name, local_rank=None):
     return torch.device(name)
 
 
+def autocast(dtype, device):
+    """(bf16 or not, the context the forward passes run in): bf16 autocast on CUDA unless asked otherwise."""
+    use_bf16 = dtype == "bfloat16" or dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return use_bf16, torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
 def init_distributed(train, device):
     """(rank, world size): (0, 1) alone, else joins the torchrun process group (NCCL on GPUs, gloo on CPUs)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -312,8 +318,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
     torch.manual_seed(train["seed"])
     task, eval_tasks, model, opt, model_config = build(cfg, device)
     stop = parse_stop(train["stop_at"], task)
-    use_bf16 = train["dtype"] == "bfloat16" or train["dtype"] == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    use_bf16, ctx = autocast(train["dtype"], device)
     out_dir = train["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
     it, elapsed, history = 0, 0.0, []
