@@ -18,8 +18,9 @@ Each (model, size) is measured in a fresh process, so its peak memory is its own
   matmuls in the training dtype), so the ratio means the same on any machine.
 - peak MB: torch.cuda.max_memory_allocated on CUDA; on CPU, the growth of the resident set's
   high-water mark over the measured steps (model, gradients, optimizer state, activations).
-- data: drawing one training batch (task.sample, which includes the HMM's soft targets from the
-  forward filter) and moving it to the device. oracle: the exact posterior and the metrics for
+- data: drawing one training batch as train.py does (task.sample, which includes the HMM's soft
+  targets from the forward filter; on the GPU when training on CUDA, --data_chunk batches per call,
+  timed per batch) and moving it to the device. oracle: the exact posterior and the metrics for
   one batch; train.py computes them at log steps only, so the share is amortised over
   --log_interval steps. Both shares are of (data + step + amortised oracle).
 """
@@ -72,13 +73,14 @@ def measure(task_name, model_name, size, args):
     """One (model, size) in this process: the numbers of one row."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = train.build_config(task_name, model_name, size, {"device": args.device} | ({"batch_size": args.batch_size} if args.batch_size else {}))
+    given = {"device": args.device, "data_chunk": args.data_chunk} | ({"batch_size": args.batch_size} if args.batch_size else {})
+    cfg = train.build_config(task_name, model_name, size, given)
     dev = train.pick_device(args.device)
     task, _, model, opt, _ = train.build(cfg, dev)
     B, T = cfg["train"]["batch_size"], task.seq_len
-    use_bf16, ctx = train.autocast("auto", dev)  # train.py's default precision
+    use_bf16, ctx = train.autocast(args.dtype, dev)  # as train.py --dtype
     fwd = torch.compile(model) if args.compile else model
-    g = torch.Generator().manual_seed(0)
+    g, chunk = train.data_source(cfg["train"], dev)
     batch = task.sample(B, g).to(dev)
 
     def step():
@@ -89,13 +91,12 @@ def measure(task_name, model_name, size, args):
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["train"]["grad_clip"])
         opt.step()
 
+    t_step, peak_mb = time_and_peak(step, dev, args.warmup, args.reps)  # first: the peak is the steps' own
     with FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) as counter:
         with ctx:
             task.loss(model(batch.x), batch).backward()
     flops = counter.get_total_flops()
-    opt.zero_grad(set_to_none=True)
-    t_step, peak_mb = time_and_peak(step, dev, args.warmup, args.reps)
-    t_data = best_time(lambda: task.sample(B, g).to(dev), dev, 1, args.reps)
+    t_data = best_time(lambda: task.sample(B * chunk, g).to(dev), dev, 1, args.reps) / chunk
     with torch.no_grad(), ctx:
         out = model(batch.x).float()
     cpu_batch = batch.to("cpu")
@@ -106,7 +107,8 @@ def measure(task_name, model_name, size, args):
                 step_s=t_step, tokens_per_s=B * T / t_step, gflop_per_step=flops / 1e9, flops_per_s=flops / t_step,
                 matmul_peak=peak, of_peak=flops / t_step / peak, peak_mb=peak_mb, data_s=t_data, oracle_s=t_oracle,
                 data_share=t_data / total, oracle_share=t_oracle / cfg["train"]["log_interval"] / total,
-                device=str(dev) + (" bf16" if use_bf16 else ""), threads=args.threads if dev.type == "cpu" else None)
+                device=str(dev) + (" bf16" if use_bf16 else ""), threads=args.threads if dev.type == "cpu" else None,
+                data_device=str(g.device), data_chunk=chunk)
 
 
 HEADER = (f"{'model':<12} {'size':<6} {'params':>9} {'B x T':>9} {'step ms':>8} {'tok/s':>8} {'GFLOP/s':>8} "
@@ -125,9 +127,12 @@ def main(argv=None):
     p.add_argument("--models", default=",".join(train.MODELS), help=f"comma-separated (default {','.join(train.MODELS)})")
     p.add_argument("--sizes", default="quick,paper", help="comma-separated presets (default quick,paper)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default auto)")
+    p.add_argument("--dtype", default="auto", choices=list(train.CHOICES["dtype"]),
+                   help="as train.py: auto (bf16 autocast on CUDA, else float32) | float32 | bfloat16")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--batch_size", type=int, default=0, help="sequences per step (default: the preset's)")
+    p.add_argument("--data_chunk", type=int, default=0, help="batches per sampler call, as train.py (default 0 = auto)")
     p.add_argument("--reps", type=int, default=5, help="timed steps; the best is reported (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--peak_n", type=int, default=2048, help="matmul size of the peak reference (default 2048)")
@@ -139,8 +144,8 @@ def main(argv=None):
         bad = [x for x in given if x not in valid]
         if bad:
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
-    if args.threads < 1 or args.reps < 1 or args.warmup < 0 or args.batch_size < 0:
-        p.error("--threads and --reps must be >= 1, --warmup and --batch_size >= 0")
+    if args.threads < 1 or args.reps < 1 or args.warmup < 0 or args.batch_size < 0 or args.data_chunk < 0:
+        p.error("--threads and --reps must be >= 1, --warmup, --batch_size and --data_chunk >= 0")
     try:
         train.pick_device(args.device)
     except ValueError as e:
@@ -156,7 +161,8 @@ def main(argv=None):
     for model in models:
         for size in sizes:
             cmd = [sys.executable, os.path.abspath(__file__), "--one", model, size]
-            cmd += [f"--{k}={getattr(args, k)}" for k in ("task", "device", "threads", "batch_size", "reps", "warmup", "peak_n")]
+            cmd += [f"--{k}={getattr(args, k)}" for k in ("task", "device", "dtype", "threads", "batch_size", "data_chunk",
+                                                          "reps", "warmup", "peak_n")]
             cmd += ["--compile"] * args.compile
             run = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if run.returncode != 0:

@@ -5,6 +5,9 @@ Every sequence draws fresh latent parameters (a permutation, an HMM, a weight ve
 key-value binding), so the hypothesis space cannot be memorised and the model must infer
 in context. Each task is a small dataclass: its fields are the options (`make_task(name, **opts)`),
 `sample(batch_size, generator)` returns a `Batch`, and `loss(out, batch)` is the training loss.
+A batch is drawn on the generator's device: with a CUDA generator every tensor, the HMM's
+forward filter included, is made on the GPU, and no step reads a value back to the host (the loops
+run a fixed number of times), so drawing a batch never waits for the GPU.
 
     Batch.x       (B, T) int64 tokens, or (B, T, F) float features (regression)
     Batch.y       target at every position: class index (-100 where unscored), the oracle
@@ -80,20 +83,31 @@ class Task:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def loss(self, out, batch):
-        m = batch.mask
+        """Mean over the scored positions. Written as a masked sum, not out[mask], because boolean
+        indexing makes the host wait for the GPU to learn how many positions there are."""
+        m, out = batch.mask, out.float()
         if self.gaussian:
-            # Gaussian negative log-likelihood, out = (mean, log-variance)
-            mean, logvar = out[..., 0][m], out[..., 1][m]
-            return 0.5 * (logvar + (batch.y[m] - mean) ** 2 * torch.exp(-logvar) + math.log(2 * math.pi)).mean()
-        if self.soft_targets:
+            # Gaussian negative log-likelihood, out = (mean, log-variance); unscored outputs are zeroed
+            # first so that an extreme one cannot put inf * 0 = nan into the gradient
+            mean, logvar = (torch.where(m, out[..., i], 0.0) for i in range(2))
+            per = 0.5 * (logvar + (batch.y - mean) ** 2 * torch.exp(-logvar) + math.log(2 * math.pi))
+        elif self.soft_targets:
             # cross-entropy against the posterior: -sum_s alpha_t(s) log q_t(s)
-            return -(batch.y[m] * F.log_softmax(out[m].float(), -1)).sum(-1).mean()
-        return F.cross_entropy(out[m].float(), batch.y[m])
+            per = -(batch.y * F.log_softmax(out, -1)).sum(-1)
+        else:
+            per = F.cross_entropy(out.flatten(0, 1), batch.y.flatten().masked_fill(~m.flatten(), IGNORE),
+                                  reduction="none").view(m.shape)
+        return torch.where(m, per, 0.0).sum() / m.sum()
+
+
+def device_of(g):
+    """Where a batch drawn with generator g lives (the CPU when g is None)."""
+    return g.device if g is not None else torch.device("cpu")
 
 
 def uniform_choice_without_replacement(B, n, k, g):
     """(B, k) indices into range(n), distinct within each row."""
-    return torch.rand(B, n, generator=g).argsort(-1)[:, :k]
+    return torch.rand(B, n, generator=g, device=device_of(g)).argsort(-1)[:, :k]
 
 
 # -----------------------------------------------------------------------------
@@ -118,14 +132,14 @@ class Bijection(Task):
         self.seq_len = 2 * self.L - 1
 
     def sample(self, batch_size, generator=None):
-        B, V, L = batch_size, self.V, self.L
-        perm = torch.rand(B, V, generator=generator).argsort(-1)  # perm[b, key] = value
+        B, V, L, dev = batch_size, self.V, self.L, device_of(generator)
+        perm = torch.rand(B, V, generator=generator, device=dev).argsort(-1)  # perm[b, key] = value
         if self.with_replacement:
-            keys = torch.randint(V, (B, L), generator=generator)
+            keys = torch.randint(V, (B, L), generator=generator, device=dev)
         else:
             keys = uniform_choice_without_replacement(B, V, L, generator)
         vals = perm.gather(1, keys)
-        x = torch.empty(B, 2 * L, dtype=torch.long)
+        x = torch.empty(B, 2 * L, dtype=torch.long, device=dev)
         x[:, 0::2], x[:, 1::2] = keys, vals + V
         x = x[:, :-1]  # the last value is never shown: its key is the last query
         y = torch.full_like(x, IGNORE)
@@ -138,29 +152,33 @@ class Bijection(Task):
 
 def dirichlet1(shape, g):
     """Rows ~ Dirichlet(1, ..., 1): normalised Exp(1) draws."""
-    e = -torch.log1p(-torch.rand(shape, generator=g, dtype=torch.float64))
+    e = -torch.log1p(-torch.rand(shape, generator=g, dtype=torch.float64, device=device_of(g)))
     return e / e.sum(-1, keepdim=True)
 
 
 def to_cents_grid(p, floor=5):
     """Floor at 0.05, renormalise, then round to integer cents >= floor with rows summing to 100
     (the authors' discretisation): add a cent to the smallest entry / take one from the largest
-    until each row sums to exactly 1.00."""
+    until each row sums to exactly 1.00.
+
+    Each correction moves a row's sum one cent towards 100, so the loop runs as many times as the
+    largest possible |100 - sum|: rounding is off by <= 1/2 per entry, and the floor lifts an
+    entry by at most floor * (1 - 1/s) cents, where s <= 1 + n * floor / 100 is the clamped sum.
+    A fixed count needs no host check of the sums (no GPU sync); rows already at 100 stay put."""
+    n = p.shape[-1]
     p = p.clamp(min=floor / 100)
     p = p / p.sum(-1, keepdim=True)
     c = torch.round(p * 100).long().clamp(min=floor)
-    while True:
-        diff = 100 - c.sum(-1)  # (...,)
-        if not diff.any():
-            return c
-        inc = F.one_hot(c.argmin(-1), c.shape[-1]) * (diff > 0).unsqueeze(-1)
-        dec = F.one_hot(c.argmax(-1), c.shape[-1]) * (diff < 0).unsqueeze(-1)
-        c = c + inc - dec
+    s_max = 1 + n * floor / 100
+    for _ in range(math.ceil(n / 2 + n * floor * (1 - 1 / s_max))):
+        diff = 100 - c.sum(-1, keepdim=True)  # (..., 1)
+        c = c + F.one_hot(c.argmin(-1), n) * (diff > 0) - F.one_hot(c.argmax(-1), n) * (diff < 0)
+    return c
 
 
 def categorical(probs, g):
     """One draw per row of probs (..., n) by inverting the CDF."""
-    u = torch.rand(probs.shape[:-1] + (1,), generator=g, dtype=probs.dtype)
+    u = torch.rand(probs.shape[:-1] + (1,), generator=g, dtype=probs.dtype, device=probs.device)
     return (probs.cumsum(-1) < u).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
@@ -189,26 +207,27 @@ class HMM(Task):
         self.n_classes = S
 
     def sample(self, batch_size, generator=None):
-        B, S, O, K, g = batch_size, self.n_states, self.n_obs, self.K, generator
+        B, S, O, K, g, dev = batch_size, self.n_states, self.n_obs, self.K, generator, device_of(generator)
         trans, emit = dirichlet1((B, S, S), g), dirichlet1((B, S, O), g)
         if self.discretize:
             tc, ec = to_cents_grid(trans), to_cents_grid(emit)
             trans, emit = tc.double() / 100, ec.double() / 100
         else:
             tc, ec = torch.round(trans * 100).long(), torch.round(emit * 100).long()
-        states = torch.empty(B, K, dtype=torch.long)
-        states[:, 0] = torch.randint(S, (B,), generator=g)  # uniform initial state
+        states = torch.empty(B, K, dtype=torch.long, device=dev)
+        states[:, 0] = torch.randint(S, (B,), generator=g, device=dev)  # uniform initial state
+        rows = torch.arange(B, device=dev)
         for t in range(1, K):
-            states[:, t] = categorical(trans[torch.arange(B), states[:, t - 1]], g)
+            states[:, t] = categorical(trans[rows, states[:, t - 1]], g)
         obs = categorical(emit.gather(1, states.unsqueeze(-1).expand(B, K, O)), g)  # (B, K)
 
-        col = lambda tok: torch.full((B, 1), tok, dtype=torch.long)
+        col = lambda tok: torch.full((B, 1), tok, dtype=torch.long, device=dev)
         steps = torch.stack([torch.full_like(obs, self.OBS), obs + 105], -1).view(B, 2 * K)
         x = torch.cat([col(self.TRANS), tc.view(B, -1), col(self.EMIT), ec.view(B, -1), col(self.SEP), steps], 1)
-        mask = torch.zeros(B, self.seq_len, dtype=torch.bool)
+        mask = torch.zeros(B, self.seq_len, dtype=torch.bool, device=dev)
         mask[:, self.header_len + 1::2] = True  # the observation-symbol tokens
-        y = torch.zeros(B, self.seq_len, S)
-        y[mask] = hmm_filter(trans, emit, obs).float().reshape(-1, S)
+        y = torch.zeros(B, self.seq_len, S, device=dev)
+        y[:, self.header_len + 1::2] = hmm_filter(trans, emit, obs).float()
         return Batch(x, y, mask, dict(trans=trans, emit=emit, obs=obs, states=states))
 
 
@@ -234,16 +253,17 @@ class Regression(Task):
 
     def sample(self, batch_size, generator=None):
         B, d, K, g = batch_size, self.d, self.K, generator
-        w = torch.randn(B, d, generator=g, dtype=torch.float64) * self.prior_std
-        xs = torch.randn(B, K, d, generator=g, dtype=torch.float64)
-        ys = (xs @ w.unsqueeze(-1)).squeeze(-1) + self.noise_std * torch.randn(B, K, generator=g, dtype=torch.float64)
-        x = torch.zeros(B, K, 2, d + 2)
+        new = dict(dtype=torch.float64, device=device_of(g))
+        w = torch.randn(B, d, generator=g, **new) * self.prior_std
+        xs = torch.randn(B, K, d, generator=g, **new)
+        ys = (xs @ w.unsqueeze(-1)).squeeze(-1) + self.noise_std * torch.randn(B, K, generator=g, **new)
+        x = torch.zeros(B, K, 2, d + 2, device=w.device)
         x[:, :, 0, :d], x[:, :, 0, d + 1] = xs.float(), 1.0  # x token: [x_i, 0, 1]
         x[:, :, 1, :d], x[:, :, 1, d] = xs.float(), ys.float()  # pair token: [x_i, y_i, 0]
         x = x.view(B, 2 * K, d + 2)
-        y = torch.zeros(B, K, 2)
+        y = torch.zeros(B, K, 2, device=w.device)
         y[:, :, 0] = ys.float()
-        mask = torch.zeros(B, K, 2, dtype=torch.bool)
+        mask = torch.zeros(B, K, 2, dtype=torch.bool, device=w.device)
         mask[:, :, 0] = True
         return Batch(x, y.view(B, 2 * K), mask.view(B, 2 * K), dict(w=w, xs=xs, ys=ys))
 
@@ -281,19 +301,18 @@ class Recall(Task):
         keys = uniform_choice_without_replacement(B, self.key_vocab, N, g)
         vals = uniform_choice_without_replacement(B, self.value_vocab, N, g)
         which = uniform_choice_without_replacement(B, N, M, g)  # which stored pairs are queried
-        col = lambda tok, n=1: torch.full((B, n), tok, dtype=torch.long)
+        col = lambda tok, n=1: torch.full((B, n), tok, dtype=torch.long, device=keys.device)
         store = torch.stack([col(self.STORE, N), keys + self.key_offset, col(self.SEP, N), vals + self.answer_offset], -1)
-        parts, mask_parts = [store.view(B, 4 * N), col(self.FILLER, self.filler)], []
+        parts = [store.view(B, 4 * N), col(self.FILLER, self.filler)]
         for i in range(M):
             if i > 0:
                 parts.append(col(self.FILLER, self.filler // 2))
             parts.append(torch.cat([col(self.QUERY), keys.gather(1, which[:, i:i + 1]) + self.key_offset, col(self.PAD)], 1))
         x = torch.cat(parts, 1)
-        is_query_key = torch.zeros_like(x, dtype=torch.bool)
-        is_query_key[:, 1:] = x[:, :-1] == self.QUERY
+        at = [4 * N + self.filler + i * (3 + self.filler // 2) + 1 for i in range(M)]  # the queried keys
         answer = torch.full_like(x, IGNORE)
-        answer[is_query_key] = vals.gather(1, which).reshape(-1)
-        return Batch(x, answer, is_query_key, dict(answer=answer))
+        answer[:, at] = vals.gather(1, which)
+        return Batch(x, answer, answer != IGNORE, dict(answer=answer))
 
 
 # -----------------------------------------------------------------------------
@@ -329,23 +348,24 @@ class Hop(Task):
         self.seq_len = 2 * self.n_facts + 1 + 2 * self.n_queries
 
     def sample(self, batch_size, generator=None):
-        B, N, D, M, g = batch_size, self.n_facts, self.depth, self.n_queries, generator
+        B, N, D, M, g, dev = batch_size, self.n_facts, self.depth, self.n_queries, generator, device_of(generator)
         n_chains, off = N // D, self.answer_offset
         chains = uniform_choice_without_replacement(B, self.n_entities, n_chains * (D + 1), g).view(B, n_chains, D + 1)
         a, b = chains[:, :, :-1].reshape(B, N), chains[:, :, 1:].reshape(B, N)  # fact i: a[i] -> b[i]
-        order = torch.rand(B, N, generator=g).argsort(-1)  # shuffled fact order
+        order = torch.rand(B, N, generator=g, device=dev).argsort(-1)  # shuffled fact order
         a, b = a.gather(1, order), b.gather(1, order)
-        k = torch.randint(1, self.hops + 1, (B, M), generator=g) if self.mixed_hops else torch.full((B, M), self.hops)
-        chain = torch.randint(n_chains, (B, M), generator=g)
-        start = (torch.rand(B, M, generator=g) * (D - k + 1)).long()  # uniform over 0..D-k
-        rows = torch.arange(B)[:, None]
+        k = (torch.randint(1, self.hops + 1, (B, M), generator=g, device=dev) if self.mixed_hops
+             else torch.full((B, M), self.hops, device=dev))
+        chain = torch.randint(n_chains, (B, M), generator=g, device=dev)
+        start = (torch.rand(B, M, generator=g, device=dev) * (D - k + 1)).long()  # uniform over 0..D-k
+        rows = torch.arange(B, device=dev)[:, None]
         query, target = chains[rows, chain, start], chains[rows, chain, start + k]  # (B, M)
-        x = torch.cat([torch.stack([a, b], -1).view(B, 2 * N) + off, torch.full((B, 1), self.SEP),
+        x = torch.cat([torch.stack([a, b], -1).view(B, 2 * N) + off, torch.full((B, 1), self.SEP, device=dev),
                        torch.stack([k, query + off], -1).view(B, 2 * M)], 1)
         mask = torch.zeros_like(x, dtype=torch.bool)
         mask[:, 2 * N + 2::2] = True  # the query entities
         answer = torch.full_like(x, IGNORE)
-        answer[mask] = target.reshape(-1)
+        answer[:, 2 * N + 2::2] = target
         return Batch(x, answer, mask, dict(answer=answer, chains=chains, k=k))
 
 

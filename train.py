@@ -65,6 +65,10 @@ TRAIN = {  # name: (default, help); presets and flags override
     "compile": (False, "torch.compile the model (falls back to eager if compilation fails)"),
     "max_iters": (2000, "training steps"),
     "batch_size": (64, "sequences per step (fresh every step)"),
+    "data_device": ("auto", "where training batches are drawn: auto (on the GPU when training on CUDA, else the CPU) "
+                            "| cpu | device (the training device)"),
+    "data_chunk": (0, "batches drawn per sampler call, which spreads its fixed cost (many small ops) over several "
+                      "steps: 0 = auto (16 when drawing on a GPU, else 1)"),
     "lr": (1e-3, "peak learning rate"),
     "min_lr_ratio": (0.1, "final learning rate as a fraction of --lr (cosine decay)"),
     "warmup_iters": (100, "linear warmup steps"),
@@ -83,7 +87,8 @@ TRAIN = {  # name: (default, help); presets and flags override
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
     "eval_only": (False, "evaluate the checkpoint in --out_dir and write eval.json"),
 }
-CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "ckpt_schedule": ("last", "eval", "log")}
+CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "ckpt_schedule": ("last", "eval", "log"),
+           "data_device": ("auto", "cpu", "device")}
 RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
              "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
 
@@ -168,6 +173,11 @@ def build_config(task, model, preset, given):
 def build(cfg, device):
     """Tasks (training + evaluation lengths), model and optimizer from a config."""
     train = cfg["train"]
+    for k in ("batch_size", "log_interval", "eval_interval", "eval_samples", "eval_samples_during"):
+        if train[k] < 1:
+            raise ValueError(f"--{k} must be >= 1, got {train[k]}")
+    if train["max_iters"] < 0 or train["data_chunk"] < 0:
+        raise ValueError(f"--max_iters and --data_chunk must be >= 0, got {train['max_iters']} and {train['data_chunk']}")
     task = make_task(cfg["task"], **cfg["task_opts"])
     eval_tasks = {"default": task}
     for K in train["eval_K"]:
@@ -235,6 +245,15 @@ def autocast(dtype, device):
     """(bf16 or not, the context the forward passes run in): bf16 autocast on CUDA unless asked otherwise."""
     use_bf16 = dtype == "bfloat16" or dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
     return use_bf16, torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+def data_source(train, device):
+    """(generator, chunk): the training batches are drawn on the generator's device, `chunk` batches
+    per sampler call. On a GPU a draw is a few hundred tiny kernels whatever the batch size, so one
+    call per 16 steps makes it a small share of a step, and nothing crosses from the host."""
+    on_gpu = train["data_device"] == "device" or train["data_device"] == "auto" and device.type == "cuda"
+    dev = device if on_gpu else torch.device("cpu")
+    return torch.Generator(device=dev).manual_seed(train["seed"]), train["data_chunk"] or (16 if dev.type == "cuda" else 1)
 
 
 def init_distributed(train, device):
@@ -322,13 +341,19 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
     out_dir = train["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
     it, elapsed, history = 0, 0.0, []
-    gen = torch.Generator().manual_seed(train["seed"])
+    gen, n_chunk = data_source(train, device)
+    chunk = chunk_state = None  # the batches drawn together, and the generator state before them
     if resume_state is not None:
         model.load_state_dict(resume_state["model"])
         opt.load_state_dict(resume_state["optimizer"])
-        gen.set_state(resume_state["gen_state"])
         torch.set_rng_state(resume_state["torch_rng"])
         it, elapsed, history = resume_state["iter"], resume_state["elapsed"], resume_state["history"]
+        try:
+            gen.set_state(resume_state["gen_state"])
+        except RuntimeError:  # a generator state from another kind of device (e.g. a GPU run resumed on a CPU)
+            print("the checkpoint's batch generator was on another device: reseeding, the batches will differ "
+                  "from an uninterrupted run's")
+            gen.manual_seed(train["seed"] + it)
     # buffers are constants (position tables, masks): nothing to broadcast, and rank 0 evaluates alone
     net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False) if world > 1 else model
     fwd = net
@@ -344,8 +369,18 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
     n_params = model.num_params()
     print(f"{cfg['task']} x {cfg['model']} | {n_params:,} params | device {device}{' bf16' if use_bf16 else ''} | out {out_dir}")
 
-    def state():
-        return dict(model=model.state_dict(), optimizer=opt.state_dict(), gen_state=gen.get_state(),
+    def next_batch():
+        """The global batch of step `it`: slice it % n_chunk of the chunk being used."""
+        nonlocal chunk, chunk_state
+        k, B = it % n_chunk, train["batch_size"]
+        if k == 0 or chunk is None:  # None: resumed mid-chunk, with gen back at the chunk's start
+            chunk_state = gen.get_state()
+            chunk = task.sample(B * n_chunk, gen)
+        return chunk.map(lambda t: t[k * B:(k + 1) * B]) if n_chunk > 1 else chunk
+
+    def state():  # the generator state saved is the one that redraws the next step's batch
+        gen_state = gen.get_state() if it % n_chunk == 0 else chunk_state
+        return dict(model=model.state_dict(), optimizer=opt.state_dict(), gen_state=gen_state,
                     torch_rng=torch.get_rng_state(), iter=it, elapsed=elapsed + time.time() - t_start,
                     history=history, config=cfg, model_config=model_config)
 
@@ -360,12 +395,14 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
         lr = train["lr"] * ((it + 1) / (w + 1) if it < w else train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = task.sample(train["batch_size"], gen)  # every rank draws the same global batch...
+        batch = next_batch()  # every rank draws the same global batch...
         if world > 1:  # ...and trains on its slice
             per = train["batch_size"] // world
             batch = batch.map(lambda t: t[rank * per:(rank + 1) * per])
-        # from pinned memory the copy to a GPU is asynchronous; from pageable memory it would wait for the GPU
-        batch = batch.map(lambda t: t.pin_memory().to(device, non_blocking=True)) if device.type == "cuda" else batch.to(device)
+        if batch.x.device != device and device.type == "cuda":
+            # from pinned memory the copy to a GPU is asynchronous; from pageable memory it would wait for the GPU
+            batch = batch.map(lambda t: t.pin_memory().to(device, non_blocking=True))
+        batch = batch.to(device)
         with ctx:
             out = fwd(batch.x)
             loss = task.loss(out, batch)

@@ -56,9 +56,10 @@ def test_every_task_runs_and_writes_results(tmp_path, name):
     assert m["mae_token"] >= m["mae_curve"] - 1e-12
 
 
-def test_resume_continues_identically(tmp_path):
+@pytest.mark.parametrize("chunk", ["1", "4"])  # with 4 batches per draw, step 6 is in the middle of a chunk
+def test_resume_continues_identically(tmp_path, chunk):
     a, b = tmp_path / "a", tmp_path / "b"
-    common = TINY + ["--max_iters", "12", "--eval_interval", "6"]
+    common = TINY + ["--max_iters", "12", "--eval_interval", "6", "--data_chunk", chunk]
     assert run_main(common + ["--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
     os.makedirs(b)
     os.replace(a / "ckpt_0000006.pt", b / "ckpt.pt")  # as if the run had stopped at step 6
@@ -159,6 +160,9 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--task", "bijection", "--with_replacement", "maybe"], "expected true or false"),
     (["--task", "bijection", "--stop_at", "mae<=0.1"], "expected METRIC<=X or METRIC>=X"),
     (["--task", "regression", "--stop_at", "accuracy>=0.9"], "regression has no accuracy"),
+    (["--task", "bijection", "--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+    (["--task", "bijection", "--data_chunk", "-1"], "--data_chunk must be >= 0"),
+    (["--task", "bijection", "--data_device", "gpu"], "invalid choice: 'gpu' (choose from 'auto', 'cpu', 'device')"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, argv, expect):
     assert run_main(argv + ["--max_iters", "0", "--out_dir", "/nonexistent/never"]) == 2

@@ -1,0 +1,118 @@
+"""Drawing batches for training: the HMM header grid, the masked losses, where batches are drawn.
+The CUDA tests (batches drawn on the GPU, and no host sync in a training step) skip without a GPU."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tasks
+import train
+from oracles import hmm_filter
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+SMALL = {"bijection": dict(V=6), "hmm": dict(n_states=3, n_obs=4, K=6), "regression": dict(d=3, K=5),
+         "recall": dict(n_pairs=4, n_queries=2, key_vocab=8, value_vocab=8, filler=2),
+         "hop": dict(n_facts=4, depth=2, hops=2, n_queries=2, n_entities=12)}
+
+
+def cents_until_done(p, floor=5):
+    """The authors' loop as written: correct one cent at a time until every row sums to 100."""
+    p = p.clamp(min=floor / 100)
+    p = p / p.sum(-1, keepdim=True)
+    c = torch.round(p * 100).long().clamp(min=floor)
+    while (diff := 100 - c.sum(-1)).any():
+        c = (c + F.one_hot(c.argmin(-1), c.shape[-1]) * (diff > 0).unsqueeze(-1)
+             - F.one_hot(c.argmax(-1), c.shape[-1]) * (diff < 0).unsqueeze(-1))
+    return c
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 13, 20])
+def test_the_fixed_count_grid_equals_the_loop_until_done(n):
+    p = tasks.dirichlet1((20000, n), torch.Generator().manual_seed(n))
+    c = tasks.to_cents_grid(p)
+    assert torch.equal(c, cents_until_done(p))
+    assert (c.sum(-1) == 100).all() and (c >= 5).all()
+
+
+def masked_reference_loss(task, out, batch):
+    """The loss over out[mask] only, by boolean indexing."""
+    m = batch.mask
+    if task.gaussian:
+        mean, logvar = out[..., 0][m], out[..., 1][m]
+        return 0.5 * (logvar + (batch.y[m] - mean) ** 2 * torch.exp(-logvar) + math.log(2 * math.pi)).mean()
+    if task.soft_targets:
+        return -(batch.y[m] * F.log_softmax(out[m], -1)).sum(-1).mean()
+    return F.cross_entropy(out[m], batch.y[m])
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_the_masked_sum_loss_equals_the_loss_over_scored_positions(name):
+    task = tasks.make_task(name, **SMALL[name])
+    batch = task.sample(16, torch.Generator().manual_seed(0))
+    grads = []
+    for loss_fn in (task.loss, lambda o, b: masked_reference_loss(task, o, b)):
+        out = torch.randn(16, task.seq_len, task.n_classes, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        loss = loss_fn(out, batch)
+        loss.backward()
+        grads.append((loss.detach(), out.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-6, atol=1e-8)
+
+
+def test_an_extreme_unscored_output_leaves_the_gaussian_gradient_finite():
+    task = tasks.make_task("regression", **SMALL["regression"])
+    batch = task.sample(4, torch.Generator().manual_seed(0))
+    out = torch.zeros(4, task.seq_len, 2)
+    out[..., 1][~batch.mask] = -1e4  # exp(-logvar) overflows where nothing is scored
+    out.requires_grad_()
+    task.loss(out, batch).backward()
+    assert torch.isfinite(out.grad).all() and (out.grad[~batch.mask] == 0).all()
+
+
+def test_batches_are_drawn_on_the_cpu_unless_training_on_a_gpu():
+    cfg = train.build_config("hmm", "transformer", "quick", {})
+    gen, chunk = train.data_source(cfg["train"], torch.device("cpu"))
+    assert gen.device.type == "cpu" and chunk == 1
+    gen, chunk = train.data_source(cfg["train"] | dict(data_device="device", data_chunk=3), torch.device("cpu"))
+    assert gen.device.type == "cpu" and chunk == 3
+
+
+@cuda
+@pytest.mark.parametrize("name", list(SMALL))
+def test_a_batch_drawn_with_a_gpu_generator_lives_on_the_gpu(name):
+    task = tasks.make_task(name, **SMALL[name])
+    batch = task.sample(32, torch.Generator(device="cuda").manual_seed(0))
+    for t in [batch.x, batch.y, batch.mask, *batch.latent.values()]:
+        assert t.device.type == "cuda"
+    assert batch.mask.sum().item() == 32 * int(task.sample(1).mask.sum())
+    if name == "hmm":  # the soft targets are the filter, computed on the GPU
+        lat = {k: v.cpu() for k, v in batch.latent.items()}
+        torch.testing.assert_close(batch.y[batch.mask].cpu().view(32, -1, task.n_states),
+                                   hmm_filter(lat["trans"], lat["emit"], lat["obs"]).float())
+
+
+@cuda
+@pytest.mark.parametrize("name", list(SMALL))
+def test_a_training_step_on_the_gpu_never_waits_for_it(name):
+    cfg = train.build_config(name, "transformer", "quick", dict(SMALL[name], n_layer=1, n_head=2, n_embd=16))
+    dev = torch.device("cuda")
+    task, _, model, opt, _ = train.build(cfg, dev)
+    gen, _ = train.data_source(cfg["train"], dev)
+    _, ctx = train.autocast("auto", dev)
+
+    def step(b):
+        opt.zero_grad(set_to_none=True)
+        with ctx:
+            loss = task.loss(model(b.x), b)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    step(task.sample(8, gen))  # the first step sets up CUDA and the optimizer state, which may sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # from here on a sync raises
+    try:
+        step(task.sample(8, gen))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
