@@ -309,9 +309,8 @@ class Recall(Task):
                 parts.append(col(self.FILLER, self.filler // 2))
             parts.append(torch.cat([col(self.QUERY), keys.gather(1, which[:, i:i + 1]) + self.key_offset, col(self.PAD)], 1))
         x = torch.cat(parts, 1)
-        at = [4 * N + self.filler + i * (3 + self.filler // 2) + 1 for i in range(M)]  # the queried keys
-        answer = torch.full_like(x, IGNORE)
-        answer[:, at] = vals.gather(1, which)
+        answer = torch.full_like(x, IGNORE)  # read at the queried keys: 4N + F + 1, then every 3 + F/2 tokens
+        answer[:, 4 * N + self.filler + 1::3 + self.filler // 2] = vals.gather(1, which)
         return Batch(x, answer, answer != IGNORE, dict(answer=answer))
 
 

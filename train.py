@@ -12,7 +12,9 @@ Task options (e.g. --V, --K) and model options (e.g. --n_layer) are flags too; `
 those of the chosen --task and --model.
 
 Recipe (AdamW, linear warmup then cosine decay, gradient clipping) with a fresh batch every
-step from a seeded generator, every scored position supervised. Evaluation uses held-out
+step from a seeded generator, every scored position supervised. When training on CUDA the batches
+are drawn on the GPU, 16 per sampler call (--data_device, --data_chunk); the hot loop reads
+nothing back from the GPU except at log lines. Evaluation uses held-out
 sequences from a fixed seed; hmm is also evaluated at K = 30 and 50 (length generalisation).
 A run writes `ckpt.pt` and `results.json` (config, parameter count, every metric, per-position
 model vs oracle entropy curves, history, wall time, device, seed, code version) to --out_dir.
@@ -350,7 +352,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
         it, elapsed, history = resume_state["iter"], resume_state["elapsed"], resume_state["history"]
         try:
             gen.set_state(resume_state["gen_state"])
-        except RuntimeError:  # a generator state from another kind of device (e.g. a GPU run resumed on a CPU)
+        except (RuntimeError, ValueError):  # a generator state from another kind of device (e.g. a GPU run resumed on a CPU)
             print("the checkpoint's batch generator was on another device: reseeding, the batches will differ "
                   "from an uninterrupted run's")
             gen.manual_seed(train["seed"] + it)
@@ -399,7 +401,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
         if world > 1:  # ...and trains on its slice
             per = train["batch_size"] // world
             batch = batch.map(lambda t: t[rank * per:(rank + 1) * per])
-        if batch.x.device != device and device.type == "cuda":
+        if batch.x.device.type == "cpu" and device.type == "cuda":
             # from pinned memory the copy to a GPU is asynchronous; from pageable memory it would wait for the GPU
             batch = batch.map(lambda t: t.pin_memory().to(device, non_blocking=True))
         batch = batch.to(device)

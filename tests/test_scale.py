@@ -103,7 +103,7 @@ def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path
             "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cpu"]
     assert time_to_target.main(["--tasks", "bijection", "--eval_interval", "2", "--out", str(out), "--results", str(res),
                                 "--", *tiny, "--V", "6"]) == 0
-    [row] = json.load(open(res / "time_to_target.json"))
+    [row] = json.load(open(res / "time_to_target_fast.json"))
     assert not row["reached"] and row["run_steps"] == 4 and row["eval_interval"] == 2  # 0.01 bits is out of reach
     runs = tmp_path / "runs"  # a finished run whose history meets the target at its second evaluation
     os.makedirs(runs / "bijection_transformer")
@@ -118,6 +118,7 @@ def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path
 def test_time_to_target_rejects_unknown_tasks_and_missing_runs(tmp_path, capsys):
     import time_to_target
     for argv, msg in ((["--tasks", "hop"], "unknown task 'hop'; valid tasks: bijection"),
+                      (["--preset", "paper"], "the fast recipe changes the quick preset"),
                       (["--from_runs", str(tmp_path)], "no finished run at")):
         with pytest.raises(SystemExit) as e:
             time_to_target.main(argv)

@@ -59,7 +59,7 @@ def test_every_task_runs_and_writes_results(tmp_path, name):
 @pytest.mark.parametrize("chunk", ["1", "4"])  # with 4 batches per draw, step 6 is in the middle of a chunk
 def test_resume_continues_identically(tmp_path, chunk):
     a, b = tmp_path / "a", tmp_path / "b"
-    common = TINY + ["--max_iters", "12", "--eval_interval", "6", "--data_chunk", chunk]
+    common = TINY + ["--max_iters", "12", "--eval_interval", "6", "--data_chunk", chunk, "--data_device", "device"]
     assert run_main(common + ["--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
     os.makedirs(b)
     os.replace(a / "ckpt_0000006.pt", b / "ckpt.pt")  # as if the run had stopped at step 6
@@ -71,6 +71,16 @@ def test_resume_continues_identically(tmp_path, chunk):
         assert torch.equal(sa["model"][k], sb["model"][k]), k
     ra, rb = json.load(open(a / "results.json")), json.load(open(b / "results.json"))
     assert ra["metrics"] == rb["metrics"]
+
+
+def test_resuming_a_gpu_drawn_run_on_a_cpu_reseeds_the_batches(tmp_path, capsys):
+    assert run_main(TINY + ["--max_iters", "4", "--eval_interval", "2", "--out_dir", str(tmp_path)]) == 0
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    state["gen_state"], state["iter"] = torch.zeros(16, dtype=torch.uint8), 2  # a CUDA generator's state
+    torch.save(state, tmp_path / "ckpt.pt")
+    assert run_main(["--task", "bijection", "--resume", "--out_dir", str(tmp_path)]) == 0
+    assert "reseeding" in capsys.readouterr().out
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["iter"] == 4
 
 
 def test_eval_only_and_log_spaced_checkpoints(tmp_path):
