@@ -58,7 +58,7 @@ MODES = ("recurrent", "chunked")
 DEFAULT_CHUNK = {"hebbian": 64, "delta": 32, "oja": 16}
 
 
-def _check_memory_inputs(q, k, v, rule, beta, decay, mode, S0, chunk_size):
+def _check_memory_inputs(q, k, v, rule, beta, decay, mode, S0, chunk_size, check_values):
     def fail(msg):
         raise ValueError(f"memory: {msg}")
     if rule not in RULES:
@@ -81,7 +81,7 @@ def _check_memory_inputs(q, k, v, rule, beta, decay, mode, S0, chunk_size):
     for name, t in dict(k=k, v=v, beta=beta, initial_state=S0).items():
         if torch.is_tensor(t) and (not t.is_floating_point() or t.device != q.device):
             fail(f"{name} must be a floating-point tensor on q's device {q.device}, got {t.dtype} on {t.device}")
-    if rule in ("delta", "oja"):
+    if rule in ("delta", "oja") and (check_values or not torch.is_tensor(beta)):
         # a zero entry of a beta tensor is a token that writes nothing (a sigmoid gate can underflow to 0)
         lo, hi = (beta.min().item(), beta.max().item()) if torch.is_tensor(beta) else (beta, beta)
         if not (lo > 0 or torch.is_tensor(beta) and lo == 0) or not hi <= 1:
@@ -98,30 +98,38 @@ def _check_memory_inputs(q, k, v, rule, beta, decay, mode, S0, chunk_size):
         fail(f"chunk_size must be an int >= 1 or None, got {chunk_size!r}")
 
 
-def memory(q, k, v, rule, beta=None, decay=None, mode="chunked", initial_state=None, chunk_size=None):
+def memory(q, k, v, rule, beta=None, decay=None, mode="chunked", initial_state=None, chunk_size=None,
+           check_values=True):
     """o (B, H, T, d_v), S_T (B, H, d_v, d_k): write each (k_t, v_t) by `rule`, then read o_t = S_t q_t.
 
     beta: None (= 1), a number, or (B, H, T); decay: None (= 1) or a number in (0, 1], hebbian only.
     initial_state: S_0 (B, H, d_v, d_k), zeros if None. chunk_size: None = DEFAULT_CHUNK[rule].
     The maths runs in float32, or float64 if any input is float64, with autocast off (bf16 would wreck
     the chunked forms' solves and exponentials); o and S come back in q's dtype.
+    check_values=False skips the checks that read tensor values (a beta tensor's range, the chunked
+    oja decay's sign), each of which makes the host wait for a GPU: for callers whose inputs meet
+    them by construction, as LinearAttention's (a sigmoid beta; unit-norm values for oja).
     """
     beta = 1.0 if beta is None else beta
-    _check_memory_inputs(q, k, v, rule, beta, decay, mode, initial_state, chunk_size)
+    _check_memory_inputs(q, k, v, rule, beta, decay, mode, initial_state, chunk_size, check_values)
     B, H, T, d_k = q.shape
     dtype_in, dtype = q.dtype, torch.float32
     for t in (q, k, v, beta, initial_state):
         dtype = torch.promote_types(dtype, t.dtype) if torch.is_tensor(t) else dtype
     with torch.autocast(q.device.type, enabled=False):
         q, k, v = (t.to(dtype) for t in (q, k, v))
-        beta = (beta.to(dtype) if torch.is_tensor(beta) else q.new_tensor(float(beta))).expand(B, H, T)
+        # a number is filled in on the device: a tensor made from it on the host would be copied over, and wait
+        beta = beta.to(dtype).expand(B, H, T) if torch.is_tensor(beta) else q.new_full((B, H, T), float(beta))
         S = q.new_zeros(B, H, v.shape[-1], d_k) if initial_state is None else initial_state.to(dtype)
         decay = 1.0 if decay is None else float(decay)
         if mode == "recurrent":
             o, S = memory_recurrent(q, k, v, rule, beta, decay, S)
         else:
             C = chunk_size or DEFAULT_CHUNK[rule]
-            o, S = (chunked_delta if rule == "delta" else chunked_gated)(q, k, v, rule, beta, math.log(decay), S, C)
+            if rule == "delta":
+                o, S = chunked_delta(q, k, v, rule, beta, math.log(decay), S, C)
+            else:
+                o, S = chunked_gated(q, k, v, rule, beta, math.log(decay), S, C, check_values)
     return o.to(dtype_in), S.to(dtype_in)
 
 
@@ -147,12 +155,12 @@ def _chunks(x, C):
     return rearrange(F.pad(x, pad), "b h (n c) ... -> b h n c ...", c=C)
 
 
-def chunked_gated(q, k, v, rule, beta, log_decay, S, C):
+def chunked_gated(q, k, v, rule, beta, log_decay, S, C, check_values=True):
     """hebbian (+ decay) and oja as row-gated linear attention (module docstring). Same returns as memory."""
     T = q.shape[2]
     if rule == "oja":
         a = 1 - beta[..., None] * v * v  # (B, H, T, d_v) each row's decay factor
-        if a.min().item() < -1e-5:  # the log below needs a >= 0; it holds for |v| <= 1 and beta <= 1
+        if check_values and a.min().item() < -1e-5:  # the log below needs a >= 0; it holds for |v| <= 1 and beta <= 1
             raise ValueError("memory: the chunked oja rule needs beta * v_i^2 <= 1 for every row (unit-norm values and "
                              "beta <= 1); use mode='recurrent' for unnormalised values")
         log_a = torch.log(a.clamp_min(torch.finfo(a.dtype).tiny))  # a = 0 (beta = 1, v = +-e_i) stays finite
@@ -271,7 +279,10 @@ class MemoryLayer(nn.Module):
             v = F.normalize(v, dim=-1)
         beta = torch.sigmoid(self.c_beta(x)).transpose(1, 2) if self.c_beta is not None else c.beta  # (B, H, T)
         mode = c.mode if c.mode != "auto" else DEFAULT_MODE.get((x.device.type, c.rule), "chunked")
-        o, S = memory(q, k, v, c.rule, beta, c.decay, mode, chunk_size=c.chunk_size or None)
+        # a sigmoid beta lies in [0, 1], and with unit-norm values oja's decay 1 - beta v_i^2 >= 0: nothing
+        # to check, so no step waits for the GPU; unnormalised oja values keep the check
+        o, S = memory(q, k, v, c.rule, beta, c.decay, mode, chunk_size=c.chunk_size or None,
+                      check_values=c.rule == "oja" and not self.norm_v)
         o = self.out_norm(o)  # Norm(S_t q_t): divisive normalisation over each head's d_v features
         if record is not None:
             record.update(q=q, k=k, v=v, S=S, beta=beta)

@@ -179,7 +179,8 @@ def build(cfg, device):
         if train[k] < 1:
             raise ValueError(f"--{k} must be >= 1, got {train[k]}")
     if train["max_iters"] < 0 or train["data_chunk"] < 0:
-        raise ValueError(f"--max_iters and --data_chunk must be >= 0, got {train['max_iters']} and {train['data_chunk']}")
+        raise ValueError(f"--max_iters and --data_chunk must be >= 0, "
+                         f"got {train['max_iters']} and {train['data_chunk']}")
     task = make_task(cfg["task"], **cfg["task_opts"])
     eval_tasks = {"default": task}
     for K in train["eval_K"]:

@@ -70,6 +70,17 @@ def test_an_extreme_unscored_output_leaves_the_gaussian_gradient_finite():
     assert torch.isfinite(out.grad).all() and (out.grad[~batch.mask] == 0).all()
 
 
+def test_memory_can_skip_the_checks_that_read_values_back():
+    from linear_attn import memory
+    q, k, v = (torch.randn(1, 1, 4, 3) for _ in range(3))
+    beta = torch.full((1, 1, 4), 1.5)  # out of (0, 1] for the delta rule
+    with pytest.raises(ValueError, match="beta must lie in"):
+        memory(q, k, v, "delta", beta)
+    memory(q, k, v, "delta", beta, check_values=False)  # the caller vouches for its inputs
+    with pytest.raises(ValueError, match="beta must lie in"):  # a number costs no sync: always checked
+        memory(q, k, v, "delta", 1.5, check_values=False)
+
+
 def test_batches_are_drawn_on_the_cpu_unless_training_on_a_gpu():
     cfg = train.build_config("hmm", "transformer", "quick", {})
     gen, chunk = train.data_source(cfg["train"], torch.device("cpu"))
@@ -92,10 +103,18 @@ def test_a_batch_drawn_with_a_gpu_generator_lives_on_the_gpu(name):
                                    hmm_filter(lat["trans"], lat["emit"], lat["obs"]).float())
 
 
+SMALL_MODELS = {"transformer": dict(n_layer=1, n_head=2, n_embd=16), "mamba": dict(n_layer=1, d_model=16),
+                "lstm": dict(n_layer=1, d_model=16), "mlp": dict(n_layer=2, d_model=16),
+                "linear_attn": dict(n_layer=1, n_head=2, n_embd=16),
+                "linear_attn delta": dict(n_layer=1, n_head=2, n_embd=16, rule="delta", learn_beta=True),
+                "linear_attn oja": dict(n_layer=1, n_head=2, n_embd=16, rule="oja", learn_beta=True)}
+
+
 @cuda
-@pytest.mark.parametrize("name", list(SMALL))
-def test_a_training_step_on_the_gpu_never_waits_for_it(name):
-    cfg = train.build_config(name, "transformer", "quick", dict(SMALL[name], n_layer=1, n_head=2, n_embd=16))
+@pytest.mark.parametrize("name, model", [(t, "transformer") for t in SMALL]
+                         + [("hmm", m) for m in SMALL_MODELS if m != "transformer"])
+def test_a_training_step_on_the_gpu_never_waits_for_it(name, model):
+    cfg = train.build_config(name, model.split()[0], "quick", SMALL[name] | SMALL_MODELS[model])
     dev = torch.device("cuda")
     task, _, model, opt, _ = train.build(cfg, dev)
     gen, _ = train.data_source(cfg["train"], dev)
