@@ -160,7 +160,8 @@ def chunked_gated(q, k, v, rule, beta, log_decay, S, C, check_values=True):
     T = q.shape[2]
     if rule == "oja":
         a = 1 - beta[..., None] * v * v  # (B, H, T, d_v) each row's decay factor
-        if check_values and a.min().item() < -1e-5:  # the log below needs a >= 0; it holds for |v| <= 1 and beta <= 1
+        # the log below needs a >= 0; it holds for |v| <= 1 and beta <= 1
+        if check_values and a.min().item() < -1e-5:
             raise ValueError("memory: the chunked oja rule needs beta * v_i^2 <= 1 for every row (unit-norm values and "
                              "beta <= 1); use mode='recurrent' for unnormalised values")
         log_a = torch.log(a.clamp_min(torch.finfo(a.dtype).tiny))  # a = 0 (beta = 1, v = +-e_i) stays finite
