@@ -1,6 +1,7 @@
 """conditioning.py: the memory read-out against S = sum v k^T, capacity statistics against Theorem 6's closed forms,
 the head-combination rules on hand-built read-outs, exact recovery by the delta rule under drift, every
 subcommand end to end at toy sizes, and one-line errors (exit code 2) for bad input."""
+from functools import partial
 import json
 import math
 import sys
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import conditioning as C
+from cli import exit_code
 
 torch.set_num_threads(1)
 TOY = ["--d_ks", "16", "32", "--trials", "40", "--prop_d_k", "16", "--chains", "256", "--depths", "1", "2", "4",
@@ -18,11 +20,7 @@ TOY = ["--d_ks", "16", "32", "--trials", "40", "--prop_d_k", "16", "--chains", "
        "--period", "40", "--norm_every", "5"]
 
 
-def run(argv):
-    try:
-        return C.main(argv)
-    except SystemExit as e:
-        return e.code
+run = partial(exit_code, C.main)
 
 
 @pytest.fixture(scope="module")

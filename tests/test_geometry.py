@@ -1,4 +1,5 @@
 """geometry.py: its statistics on constructed cases, every diagnostic on tiny checkpoints, bad input."""
+from functools import partial
 import json
 import math
 import os
@@ -11,6 +12,7 @@ import torch.nn as nn
 
 import geometry
 import train
+from cli import exit_code
 from tasks import make_task
 from transformer import Transformer, TransformerConfig
 
@@ -127,11 +129,7 @@ def test_the_init_baseline_is_the_runs_initialisation(runs, name):
     assert all(torch.equal(a.double(), b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
 
-def geometry_main(argv):
-    try:
-        return geometry.main(argv)
-    except SystemExit as e:
-        return e.code
+geometry_main = partial(exit_code, geometry.main)
 
 
 def read(run, name):

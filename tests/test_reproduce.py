@@ -1,5 +1,6 @@
 """reproduce.py: the tiny matrix makes a table with every cell, a rerun skips finished cells and resumes
 a cell that stopped after its checkpoint, parallel cells get one GPU each, bad input is a one-line error."""
+from functools import partial
 import json
 import os
 import sys
@@ -8,13 +9,10 @@ import pytest
 
 import reproduce
 import train
+from cli import exit_code
 
 
-def run(argv):
-    try:
-        return reproduce.main(argv)
-    except SystemExit as e:
-        return e.code
+run = partial(exit_code, reproduce.main)
 
 
 def test_tiny_matrix_table_then_skip_then_resume(tmp_path, capsys):

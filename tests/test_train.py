@@ -1,4 +1,5 @@
 """train.py end to end: learning, resume, eval-only, checkpoints, divergence and bad input."""
+from functools import partial
 import json
 import os
 import subprocess
@@ -9,18 +10,14 @@ import torch
 
 import tasks
 import train
+from cli import exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--n_embd", "16",
         "--batch_size", "16", "--log_interval", "5", "--eval_samples", "50", "--eval_samples_during", "50"]
 
 
-def run_main(argv):
-    try:
-        rc = train.main(argv)
-    except SystemExit as e:
-        rc = e.code
-    return rc
+run_main = partial(exit_code, train.main)
 
 
 def test_a_few_steps_lower_the_loss():
