@@ -71,6 +71,7 @@ TRAIN = {  # name: (default, help); presets and flags override
                             "| cpu | device (the training device)"),
     "data_chunk": (0, "batches drawn per sampler call, which spreads its fixed cost (many small ops) over several "
                       "steps: 0 = auto (16 when drawing on a GPU, else 1)"),
+    "optimizer": ("adamw", "adamw | muon (torch.optim.Muon on the hidden weight matrices, AdamW on the rest)"),
     "lr": (1e-3, "peak learning rate"),
     "min_lr_ratio": (0.1, "final learning rate as a fraction of --lr (cosine decay)"),
     "warmup_iters": (100, "linear warmup steps"),
@@ -89,8 +90,8 @@ TRAIN = {  # name: (default, help); presets and flags override
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
     "eval_only": (False, "evaluate the checkpoint in --out_dir and write eval.json"),
 }
-CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "ckpt_schedule": ("last", "eval", "log"),
-           "data_device": ("auto", "cpu", "device")}
+CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer": ("adamw", "muon"),
+           "ckpt_schedule": ("last", "eval", "log"), "data_device": ("auto", "cpu", "device")}
 RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
              "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
 
@@ -198,15 +199,61 @@ def build(cfg, device):
     if getattr(config, "block_size", longest) < longest:
         raise ValueError(f"sequences of length {longest} exceed the model's context block_size={config.block_size}")
     model = Model(config).to(device)
-    decays = [p.dim() >= 2 and not getattr(p, "_no_weight_decay", False) for p in model.parameters()]
-    groups = [dict(params=[p for p, d in zip(model.parameters(), decays) if d], weight_decay=train["weight_decay"]),
-              dict(params=[p for p, d in zip(model.parameters(), decays) if not d], weight_decay=0.0)]
+    return task, eval_tasks, model, make_optimizer(model, train, device), asdict(config)
+
+
+class Optimizers:
+    """Several optimizers over disjoint parameters, stepped as one (--optimizer muon needs two)."""
+
+    def __init__(self, *opts):
+        self.opts = opts
+
+    @property
+    def param_groups(self):  # read anew: load_state_dict replaces an optimizer's group dicts
+        return [g for o in self.opts for g in o.param_groups]
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+    def state_dict(self):
+        return [o.state_dict() for o in self.opts]
+
+    def load_state_dict(self, states):
+        states = [states] if isinstance(states, dict) else states  # checkpoints from before --optimizer
+        if len(states) != len(self.opts):
+            raise ValueError(f"the checkpoint holds {len(states)} optimizer states, this run has {len(self.opts)}")
+        for o, s in zip(self.opts, states):
+            o.load_state_dict(s)
+
+
+def make_optimizer(model, train, device):
+    """AdamW with decoupled weight decay on matrices and embeddings, or (--optimizer muon) Muon on the
+    2-D weights of the hidden layers and AdamW on embeddings, read-ins, heads, gains and biases. Muon's
+    update is rescaled to AdamW's RMS (Moonshot's rule), so both take the same --lr and schedule."""
+    named = [(n, p) for n, p in model.named_parameters()]
+    hidden = lambda n, p: train["optimizer"] == "muon" and p.dim() == 2 and n.startswith(("blocks.", "layers."))
+    decays = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
+    rest = [p for n, p in named if not hidden(n, p)]
+    groups = [dict(params=[p for p in rest if decays(p)], weight_decay=train["weight_decay"]),
+              dict(params=[p for p in rest if not decays(p)], weight_decay=0.0)]
     betas = (train["beta1"], train["beta2"])
     try:  # the fused kernel on CUDA, the plain loop elsewhere
-        opt = torch.optim.AdamW(groups, lr=train["lr"], betas=betas, fused=device.type == "cuda")
+        adamw = torch.optim.AdamW(groups, lr=train["lr"], betas=betas, fused=device.type == "cuda")
     except (RuntimeError, TypeError):
-        opt = torch.optim.AdamW(groups, lr=train["lr"], betas=betas)
-    return task, eval_tasks, model, opt, asdict(config)
+        adamw = torch.optim.AdamW(groups, lr=train["lr"], betas=betas)
+    if train["optimizer"] == "adamw":
+        return Optimizers(adamw)
+    if not hasattr(torch.optim, "Muon"):
+        raise ValueError(f"--optimizer muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
+    muon = torch.optim.Muon([p for n, p in named if hidden(n, p)], lr=train["lr"],
+                            weight_decay=train["weight_decay"], adjust_lr_fn="match_rms_adamw")
+    return Optimizers(adamw, muon)
+
 
 
 def load_checkpoint(path):

@@ -42,7 +42,8 @@ class TransformerConfig:
     n_head: int = 4  # attention heads per block
     n_embd: int = 128  # residual width d_model
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
-    pos: str = "learned"  # position encoding: learned | rotary | alibi | none
+    pos: str = "learned"  # position encoding: learned | rotary | alibi | learned_alibi (both) | none
+    n_pos: int = 0  # learned rows: positions >= n_pos share the last row (0 = block_size, every position its own)
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "layernorm"  # layernorm | rmsnorm
     bias: bool = True  # biases in linear layers and norms
@@ -50,7 +51,7 @@ class TransformerConfig:
     init_std: float = 0.02  # std of the N(0, std) init of weights and embeddings (GPT-2: 0.02)
 
 
-POS = ("learned", "rotary", "alibi", "none")
+POS = ("learned", "rotary", "alibi", "learned_alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
 
 
@@ -145,10 +146,12 @@ class Transformer(nn.Module):
                              f"{' of even size (rotary)' if c.pos == 'rotary' else ''}")
         if min(c.n_layer, c.n_head, c.n_embd, c.block_size) < 1 or (c.vocab_size < 1 and c.n_features < 1):
             raise ValueError("transformer: n_layer, n_head, n_embd, block_size and the input size must be >= 1")
+        if not 0 <= c.n_pos <= c.block_size:
+            raise ValueError(f"transformer: n_pos must be in 0..block_size={c.block_size}, got {c.n_pos}")
         self.config = c
         # real-valued inputs enter through a linear read-in instead of a token table
         self.wte = nn.Embedding(c.vocab_size, c.n_embd) if c.vocab_size else nn.Linear(c.n_features, c.n_embd)
-        self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos == "learned" else None
+        self.wpe = nn.Embedding(c.n_pos or c.block_size, c.n_embd) if c.pos.startswith("learned") else None
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
         self.ln_f = make_norm(c)
         self.tied = c.tie_head and c.vocab_size and c.answer_offset is not None and not c.gaussian
@@ -176,13 +179,13 @@ class Transformer(nn.Module):
     def forward(self, x, head_mask=None, skip_layers=(), return_internals=False):
         c = self.config
         B, T = x.shape[:2]
-        if c.pos == "learned" and T > c.block_size:
+        if self.wpe is not None and not c.n_pos and T > c.block_size:
             raise ValueError(f"sequence length {T} exceeds the model's context block_size={c.block_size}")
         h = self.wte(x)  # (B, T, n_embd)
-        if self.wpe is not None:
-            h = h + self.wpe(torch.arange(T, device=h.device))
+        if self.wpe is not None:  # with n_pos, every position from n_pos - 1 on reads the same (trained) row
+            h = h + self.wpe(torch.arange(T, device=h.device).clamp(max=self.wpe.num_embeddings - 1))
         rope = self.rope(T, h.device) if c.pos == "rotary" else None
-        bias = alibi_bias(c.n_head, T, h.device) if c.pos == "alibi" else None
+        bias = alibi_bias(c.n_head, T, h.device) if c.pos.endswith("alibi") else None
         layers = []
         for i, block in enumerate(self.blocks):
             record = {"x": h} if return_internals else None

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mamba import SCAN_MODES, ChunkEndStates, Mamba, MambaConfig, selective_scan
+from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan
 
 torch.set_num_threads(1)
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
@@ -74,12 +74,61 @@ def test_chunked_matches_sequential(dtype, l, tol):
         assert rel_err(par[k], seq[k]) < tol, k
 
 
-def test_chunk_end_states_gradcheck():
+def reference_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
+    """The official selective_scan_ref as a plain loop: autograd stores every step's state."""
+    if delta_bias is not None:
+        delta = delta + delta_bias[:, None]
+    if delta_softplus:
+        delta = F.softplus(delta)
+    h, ys = u.new_zeros(*u.shape[:2], A.shape[1]), []
+    for t in range(u.shape[-1]):
+        h = torch.exp(delta[..., t, None] * A) * h + (delta[..., t] * u[..., t])[..., None] * B[:, None, :, t]
+        ys.append((h * C[:, None, :, t]).sum(-1))
+    y = torch.stack(ys, -1) + (0 if D is None else u * D[:, None])
+    return (y if z is None else y * F.silu(z)), h
+
+
+@pytest.mark.parametrize("mode", SCAN_MODES)
+@pytest.mark.parametrize("l,chunk", [(1, 16), (7, 3), (16, 16), (17, 16), (50, 4), (50, 64)])
+@pytest.mark.parametrize("options", ["all", "none", "D", "z", "bias", "softplus"])
+def test_scan_function_matches_autograd_loop(mode, l, chunk, options):
+    # outputs and the gradients of every input (and through the last state) against the stored-state loop
+    x = scan_inputs(2, 3, 4, l)
+    keep = {"all": ("D", "z", "delta_bias"), "none": (), "D": ("D",), "z": ("z",), "bias": ("delta_bias",),
+            "softplus": ()}[options]
+    x = {k: v.requires_grad_() for k, v in x.items() if k in ("u", "delta", "A", "B", "C") + keep}
+    softplus = options in ("all", "softplus")
+    if not softplus:
+        x["delta"] = x["delta"].detach().exp().requires_grad_()  # Δ > 0 without the softplus
+    gy, gl = torch.randn(2, 3, l, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    outs = []
+    for f in (reference_scan, lambda **k: selective_scan(**k, return_last_state=True, mode=mode, chunk=chunk)):
+        y, last = f(**x, delta_softplus=softplus)
+        outs.append((y, last, *torch.autograd.grad((y * gy).sum() + (last * gl).sum(), list(x.values()))))
+    for got, want in zip(*outs):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_scan_stores_no_per_step_states():
+    # what autograd keeps for the backward: the inputs and one state per chunk, not one per step
+    b, d, n, l = 2, 32, 32, 64
+    x = {k: v.requires_grad_() for k, v in scan_inputs(b, d, n, l, torch.float32).items()}
+    for mode in SCAN_MODES:
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            selective_scan(**x, delta_softplus=True, mode=mode, chunk=16)
+        assert sum(saved) < b * d * n * l / 2, (mode, sum(saved))  # one full set of per-step states: b d n l
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_linear_scan_matches_loop(reverse):
     g = torch.Generator().manual_seed(0)
-    T, b, c, d, n = 3, 2, 2, 4, 3
-    r = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)
-    args = (r(T, b, c, d), r(T, b, c, d) - 0.5, r(T, b, c, n) - 0.5, -r(d, n))  # suffix >= 0, du, B, A <= 0
-    assert torch.autograd.gradcheck(ChunkEndStates.apply, [a.requires_grad_() for a in args])
+    for T in (1, 2, 5, 9, 10, 17):
+        a, x, h0 = torch.rand(T, 2, 3, 4, generator=g, dtype=torch.float64), torch.randn(T, 2, 3, 4, generator=g, dtype=torch.float64), torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+        want, h = torch.empty_like(x), h0
+        for t in (reversed(range(T)) if reverse else range(T)):
+            h = want[t] = a[t] * h + x[t]
+        torch.testing.assert_close(linear_scan(a, x, h0, reverse=reverse), want, rtol=1e-12, atol=1e-12)
 
 
 class ExpSpy(TorchDispatchMode):

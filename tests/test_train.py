@@ -70,6 +70,38 @@ def test_resume_continues_identically(tmp_path, chunk):
     assert ra["metrics"] == rb["metrics"]
 
 
+def test_muon_runs_save_and_resume_identically(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = TINY + ["--optimizer", "muon", "--max_iters", "12", "--eval_interval", "6"]
+    assert run_main(common + ["--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
+    state = torch.load(a / "ckpt_0000006.pt", weights_only=True)
+    adamw, muon = state["optimizer"]  # both optimizers' states are in the checkpoint
+    assert adamw["state"] and muon["state"] and all("momentum_buffer" in s for s in muon["state"].values())
+    os.makedirs(b)
+    os.replace(a / "ckpt_0000006.pt", b / "ckpt.pt")
+    assert run_main(["--task", "bijection", "--resume", "--out_dir", str(b)]) == 0
+    sa, sb = (torch.load(p / "ckpt.pt", weights_only=True) for p in (a, b))
+    for k in sa["model"]:
+        assert torch.equal(sa["model"][k], sb["model"][k]), k
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    cfg = train.build_config("hmm", "transformer", "quick", dict(optimizer="muon", n_layer=1))
+    _, _, model, opt, _ = train.build(cfg, torch.device("cpu"))
+    adamw, muon = opt.opts
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    assert in_muon == {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
+    assert {"wte.weight", "wpe.weight", "head.weight"} <= {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert len(in_muon) + sum(len(g["params"]) for g in adamw.param_groups) == len(names)
+
+
+def test_muon_needs_torch_2_9(monkeypatch, capsys):
+    monkeypatch.delattr(torch.optim, "Muon")
+    assert run_main(TINY + ["--optimizer", "muon", "--max_iters", "1"]) == 2
+    assert "--optimizer muon needs torch >= 2.9" in capsys.readouterr().err
+
+
 def test_resuming_a_gpu_drawn_run_on_a_cpu_reseeds_the_batches(tmp_path, capsys):
     assert run_main(TINY + ["--max_iters", "4", "--eval_interval", "2", "--out_dir", str(tmp_path)]) == 0
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
@@ -170,6 +202,8 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--task", "bijection", "--batch_size", "0"], "--batch_size must be >= 1, got 0"),
     (["--task", "bijection", "--data_chunk", "-1"], "--data_chunk must be >= 0"),
     (["--task", "bijection", "--data_device", "gpu"], "invalid choice: 'gpu' (choose from 'auto', 'cpu', 'device')"),
+    (["--task", "bijection", "--optimizer", "sgd"], "invalid choice: 'sgd' (choose from 'adamw', 'muon')"),
+    (["--task", "hmm", "--n_pos", "500"], "n_pos must be in 0..block_size"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, argv, expect):
     assert run_main(argv + ["--max_iters", "0", "--out_dir", "/nonexistent/never"]) == 2
