@@ -7,6 +7,8 @@ import os
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+import torch.utils._pytree as pytree
 
 import bench
 import bench_memory
@@ -22,23 +24,42 @@ TINY = ["--n_layer", "1", "--max_iters", "3", "--batch_size", "8", "--log_interv
 SMALL = dict(hmm=["--K", "4", "--n_states", "3", "--n_obs", "3", "--eval_K", "6"], regression=["--K", "4", "--d", "2"])
 
 
+class FakeMPS(TorchFunctionMode):
+    """Apple MPS played by the CPU: tensors moved to "mps", and those computed from them, count as on MPS,
+    and, as on MPS, none of them may be float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.on = {}  # id -> tensor, kept alive so that no id is reused
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.to, torch.Tensor.cpu):
+            t = args[0]
+            device, dtype = torch._C._nn._parse_to(*args[1:], **kwargs)[:2] if func is torch.Tensor.to else ("cpu", None)
+            if device is not None:  # a move: a copy where it crosses between "devices", as a real move does
+                to_mps = torch.device(device).type == "mps"
+                out = t.to("cpu", dtype or t.dtype, copy=to_mps or id(t) in self.on)
+                return self.mark(out) if to_mps else out
+        out = func(*args, **kwargs)
+        if any(id(t) in self.on for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
+            pytree.tree_map_only(torch.Tensor, self.mark, out)  # computed on MPS, stays there
+        return out
+
+    def mark(self, t):
+        if t.dtype == torch.float64:
+            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64")
+        self.on[id(t)] = t
+        return t
+
+
 @pytest.mark.parametrize("task", ["hmm", "regression"])
 def test_a_device_without_float64_gets_only_the_models_tensors(tmp_path, monkeypatch, task):
-    # a fake Apple MPS: the CPU underneath, and like MPS it refuses float64
-    real_to = torch.Tensor.to
-
-    def to(t, *args, **kwargs):
-        device, dtype = torch._C._nn._parse_to(*args, **kwargs)[:2]
-        if device is None or device.type != "mps":
-            return real_to(t, *args, **kwargs)
-        if (dtype or t.dtype) == torch.float64:
-            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64")
-        return real_to(t, "cpu", dtype or t.dtype)
-
-    monkeypatch.setattr(torch.Tensor, "to", to)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     argv = ["--task", task, "--device", "mps", "--n_embd", "16", "--n_head", "2", "--out_dir", str(tmp_path)]
-    assert run_main(argv + TINY + SMALL[task]) == 0
+    with FakeMPS() as mps:
+        assert run_main(argv + TINY + SMALL[task]) == 0
+    assert len(mps.on) > 0  # the model did run "on MPS"
     r = json.load(open(tmp_path / "results.json"))
     assert r["device"] == "mps" and r["metrics"]["default"]["n_sequences"] == 20
 
@@ -166,18 +187,19 @@ def test_checkpoints_hold_the_cuda_rng_state(monkeypatch):
 
 
 @cuda
-def test_a_gpu_run_with_dropout_resumes_identically(tmp_path):
+def test_a_gpu_run_with_dropout_resumes_with_the_same_masks(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     common = ["--task", "bijection", "--V", "6", "--model", "lstm", "--n_layer", "2", "--d_model", "16",
-              "--dropout", "0.5", "--batch_size", "8", "--max_iters", "6", "--eval_interval", "3",
-              "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cuda", "--dtype", "float32"]
+              "--dropout", "0.5", "--lr", "1e-2", "--warmup_iters", "1", "--batch_size", "8", "--max_iters", "6",
+              "--eval_interval", "3", "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cuda",
+              "--dtype", "float32"]
     assert run_main(common + ["--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
     os.makedirs(b)
     os.replace(a / "ckpt_0000003.pt", b / "ckpt.pt")
     assert run_main(["--task", "bijection", "--model", "lstm", "--resume", "--out_dir", str(b)]) == 0
     sa, sb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
-    for k in sa["model"]:
-        assert torch.equal(sa["model"][k], sb["model"][k]), k
+    for k in sa["model"]:  # other masks would move them by ~lr = 1e-2; cuDNN's RNN may differ in the last bits
+        assert torch.allclose(sa["model"][k], sb["model"][k], rtol=0, atol=1e-5), k
 
 
 def test_a_resumed_optimizer_keeps_its_own_kernel():
