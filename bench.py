@@ -48,13 +48,21 @@ def rnn_flops(x, *weights):
     return 2 * x[0] * x[1] * (math.prod(weights[0]) + math.prod(weights[1]))
 
 
+def cudnn_rnn_flops(x, weights):
+    # cuDNN runs all layers and directions in one op: 2 flops per token per weight of each matrix (W_ih, W_hh,
+    # a projection; the biases are the 1-D ones); every layer and direction reads all tokens, x[:-1]
+    return 2 * math.prod(x[:-1]) * sum(math.prod(w) for w in weights if len(w) == 2)
+
+
 aten = torch.ops.aten
-EXTRA_FLOPS = {  # ops the flop counter does not count (CPU attention, mkldnn LSTM) or miscounts (grouped conv backward)
+EXTRA_FLOPS = {  # ops the flop counter does not count (CPU attention, mkldnn and cuDNN LSTMs) or miscounts (grouped conv backward)
     aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *a, **kw: sdpa_flop_count(q, k, v),
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
         lambda g, q, k, v, *a, **kw: sdpa_backward_flop_count(g, q, k, v),
     aten.mkldnn_rnn_layer: lambda x, w0, w1, *a, **kw: rnn_flops(x, w0, w1),
     aten.mkldnn_rnn_layer_backward: lambda x, w0, w1, *a, **kw: 2 * rnn_flops(x, w0, w1),
+    aten._cudnn_rnn: lambda x, w, *a, **kw: cudnn_rnn_flops(x, w),
+    aten._cudnn_rnn_backward: lambda x, w, *a, **kw: 2 * cudnn_rnn_flops(x, w),
     aten.convolution_backward: lambda g, x, w, *a, **kw: 2 * conv_flops(g, w),
 }
 
@@ -81,7 +89,7 @@ def measure(task_name, model_name, size, args):
     use_bf16, ctx = train.autocast(args.dtype, dev)  # as train.py --dtype
     fwd = torch.compile(model) if args.compile else model
     g, chunk = train.data_source(cfg["train"], dev)
-    batch = task.sample(B, g).to(dev)
+    batch = task.sample(B, g).to(dev, latent=False)  # as train.py: the oracle's float64 latents stay
 
     def step():
         with ctx:
@@ -96,7 +104,7 @@ def measure(task_name, model_name, size, args):
         with ctx:
             task.loss(model(batch.x), batch).backward()
     flops = counter.get_total_flops()
-    t_data = best_time(lambda: task.sample(B * chunk, g).to(dev), dev, 1, args.reps) / chunk
+    t_data = best_time(lambda: task.sample(B * chunk, g).to(dev, latent=False), dev, 1, args.reps) / chunk
     with torch.no_grad(), ctx:
         out = model(batch.x).float()
     cpu_batch = batch.to("cpu")

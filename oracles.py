@@ -143,7 +143,7 @@ class Metrics:
     def update(self, task, batch, out):
         m = batch.mask.cpu()
         B, Q = m.shape[0], int(m[0].sum())
-        out = out.detach().double().cpu()
+        out = out.detach().cpu().double()  # on the CPU first: MPS has no float64
         if task.gaussian:
             mean, var = oracle(task, batch)
             q_mean, q_var = out[..., 0][m], out[..., 1][m].exp()

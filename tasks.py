@@ -53,13 +53,15 @@ class Batch:
     mask: torch.Tensor
     latent: dict = field(default_factory=dict)
 
-    def map(self, fn):
-        """fn applied to every tensor: x, y, mask and the latent parameters (all batch-first)."""
+    def map(self, fn, latent=True):
+        """fn applied to every tensor: x, y, mask and, unless latent=False, the latent parameters (all batch-first)."""
         mv = lambda t: fn(t) if isinstance(t, torch.Tensor) else t
-        return Batch(mv(self.x), mv(self.y), mv(self.mask), {k: mv(v) for k, v in self.latent.items()})
+        return Batch(mv(self.x), mv(self.y), mv(self.mask), {k: mv(v) if latent else v for k, v in self.latent.items()})
 
-    def to(self, device):
-        return self.map(lambda t: t.to(device))
+    def to(self, device, latent=True):
+        """latent=False moves only what the model and the loss read: the oracle's float64 latents stay where
+        they are, for a device without float64 (Apple MPS) and for fewer copies."""
+        return self.map(lambda t: t.to(device), latent)
 
 
 def check(ok, msg):

@@ -63,7 +63,7 @@ TRAIN = {  # name: (default, help); presets and flags override
     "match_params": (0, "set the model's width so its parameter count is within 2%% of this: 0 = off, "
                         "-1 = the transformer's count for this task and preset"),
     "device": ("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps"),
-    "dtype": ("auto", "auto (bfloat16 autocast on CUDA, else float32) | float32 | bfloat16"),
+    "dtype": ("auto", "auto (bfloat16 autocast on a CUDA GPU that has it natively, else float32) | float32 | bfloat16"),
     "compile": (False, "torch.compile the model (falls back to eager if compilation fails)"),
     "max_iters": (2000, "training steps"),
     "batch_size": (64, "sequences per step (fresh every step)"),
@@ -287,13 +287,22 @@ def pick_device(name, local_rank=None):
     if name.startswith("cuda") and not torch.cuda.is_available() or name == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {name!r} is not available here; use auto or cpu")
     if name == "cuda" and local_rank is not None:
-        name = f"cuda:{local_rank}"  # one GPU per data-parallel process
+        # one GPU per data-parallel process: every process checks, so none waits for a rank that cannot start
+        n, procs = torch.cuda.device_count(), max(int(os.environ.get("LOCAL_WORLD_SIZE", 0)), local_rank + 1)
+        if procs > n:
+            raise ValueError(f"torchrun started {procs} processes on this machine but it has {n} "
+                             f"GPU{'s' * (n != 1)}: use --nproc_per_node={n} or fewer")
+        name = f"cuda:{local_rank}"
+    if name.startswith("cuda:") and name[5:].isdigit() and int(name[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} does not exist here: this machine has {torch.cuda.device_count()} GPUs")
     return torch.device(name)
 
 
 def autocast(dtype, device):
-    """(bf16 or not, the context the forward passes run in): bf16 autocast on CUDA unless asked otherwise."""
-    use_bf16 = dtype == "bfloat16" or dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    """(bf16 or not, the context the forward passes run in): bf16 autocast on CUDA unless asked otherwise.
+    auto takes bf16 only where the GPU has it natively (Ampere on): T4 and V100 emulate it, slower than float32."""
+    use_bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"
+                                       and torch.cuda.is_bf16_supported(including_emulation=False))
     return use_bf16, torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
@@ -324,6 +333,72 @@ def init_distributed(train, device):
 def log_spaced(n):
     """Steps 1, 2, 3, 6, 10, 18, 32, 56, 100, ... (four per decade) up to n."""
     return sorted({round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)})
+
+
+def rng_state(device):
+    """The global generators a resumed run continues: dropout draws from the device's (the batches have their own)."""
+    return dict(torch_rng=torch.get_rng_state()) | (
+        dict(cuda_rng=torch.cuda.get_rng_state(device)) if device.type == "cuda" else {})
+
+
+def set_rng_state(state, device):
+    torch.set_rng_state(state["torch_rng"])
+    if device.type == "cuda" and "cuda_rng" in state:  # absent when the run was on a CPU before
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+
+
+def load_optimizer_state(opt, state):
+    """opt.load_state_dict(state), keeping opt's own kernel (fused on CUDA, see build): the checkpoint's flags
+    would replace it, e.g. run a CPU-trained run's unfused loop on the GPU it is resumed on."""
+    kernel = ("fused", "foreach", "capturable")
+    groups = [g | {k: new[k] for k in kernel if k in new} for g, new in zip(state["param_groups"], opt.param_groups)]
+    opt.load_state_dict(state | {"param_groups": groups})
+
+
+class CompiledOrEager:
+    """torch.compile(net), or net itself from the first time compiling fails, with one line saying so. Dynamo
+    compiles again at each new mode (training, evaluation), batch size and length, and builds the backward
+    graph only at the first backward, so a failure can come long after the first call: the forward's are
+    caught here, the backward's by the training step, through fail()."""
+
+    def __init__(self, net, compile, print=print):
+        self.net, self.fn, self.print = net, net, print
+        if compile:
+            # a fresh cache per run: in a sweep in one process (reproduce.py, time_to_target.py) the runs before
+            # would use up dynamo's recompile limit, and the later runs would run eager without a word
+            torch._dynamo.reset()
+            try:
+                self.fn = torch.compile(net)
+            except Exception as e:  # e.g. a Python version torch.compile does not support yet
+                self.fail(e)
+
+    def fail(self, e):
+        """Run eager from now on; False when already eager, the error then being no compiler's."""
+        if self.fn is self.net or isinstance(e, torch.OutOfMemoryError):
+            return False
+        e = getattr(e, "inner_exception", e)  # the backend's own error, inside dynamo's BackendCompilerFailed
+        self.print(f"torch.compile failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}); running eager")
+        self.fn = self.net
+        return True
+
+    def __call__(self, x):
+        try:
+            return self.fn(x)
+        except Exception as e:  # no compiler toolchain, an unsupported op, ...
+            if not self.fail(e):
+                raise
+            return self.fn(x)
+
+    def __getattr__(self, name):  # eval(), train(), ...: net's
+        return getattr(self.net, name)
+
+
+def global_mean(x, world):
+    """x averaged over the data-parallel processes, as a float (the global batch's loss); every rank calls it."""
+    x = x.detach().clone()  # all_reduce works in place
+    if world > 1:
+        dist.all_reduce(x)
+    return x.item() / world
 
 # -----------------------------------------------------------------------------
 # evaluation and training
@@ -395,8 +470,8 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
     chunk = chunk_state = None  # the batches drawn together, and the generator state before them
     if resume_state is not None:
         model.load_state_dict(resume_state["model"])
-        opt.load_state_dict(resume_state["optimizer"])
-        torch.set_rng_state(resume_state["torch_rng"])
+        load_optimizer_state(opt, resume_state["optimizer"])
+        set_rng_state(resume_state, device)
         it, elapsed, history = resume_state["iter"], resume_state["elapsed"], resume_state["history"]
         try:
             gen.set_state(resume_state["gen_state"])
@@ -406,15 +481,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
             gen.manual_seed(train["seed"] + it)
     # buffers are constants (position tables, masks): nothing to broadcast, and rank 0 evaluates alone
     net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False) if world > 1 else model
-    fwd = net
-    if train["compile"]:
-        try:
-            fwd = torch.compile(net)
-            with ctx, torch.no_grad():
-                fwd(task.sample(2, torch.Generator().manual_seed(0)).x.to(device))
-        except Exception as e:  # no compiler toolchain, unsupported op, ...
-            print(f"torch.compile failed ({type(e).__name__}); running eager")
-            fwd = net
+    fwd = CompiledOrEager(net, train["compile"], print)
     eval_fwd = model if world > 1 else fwd  # the bare model: no gradient hooks, no collectives
     n_params = model.num_params()
     print(f"{cfg['task']} x {cfg['model']} | {n_params:,} params | device {device}{' bf16' if use_bf16 else ''} | out {out_dir}")
@@ -428,10 +495,18 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
             chunk = task.sample(B * n_chunk, gen)
         return chunk.map(lambda t: t[k * B:(k + 1) * B]) if n_chunk > 1 else chunk
 
+    def step(batch):  # forward and backward
+        with ctx:
+            out = fwd(batch.x)
+            loss = task.loss(out, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return out, loss
+
     def state():  # the generator state saved is the one that redraws the next step's batch
         gen_state = gen.get_state() if it % n_chunk == 0 else chunk_state
         return dict(model=model.state_dict(), optimizer=opt.state_dict(), gen_state=gen_state,
-                    torch_rng=torch.get_rng_state(), iter=it, elapsed=elapsed + time.time() - t_start,
+                    **rng_state(device), iter=it, elapsed=elapsed + time.time() - t_start,
                     history=history, config=cfg, model_config=model_config)
 
     t_start = time.time()
@@ -451,23 +526,23 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
             batch = batch.map(lambda t: t[rank * per:(rank + 1) * per])
         if batch.x.device.type == "cpu" and device.type == "cuda":
             # from pinned memory the copy to a GPU is asynchronous; from pageable memory it would wait for the GPU
-            batch = batch.map(lambda t: t.pin_memory().to(device, non_blocking=True))
-        batch = batch.to(device)
-        with ctx:
-            out = fwd(batch.x)
-            loss = task.loss(out, batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+            batch = batch.map(lambda t: t.pin_memory().to(device, non_blocking=True), latent=False)
+        batch = batch.to(device, latent=False)  # the oracle's float64 latents stay on the CPU: MPS has no float64
+        try:
+            out, loss = step(batch)
+        except Exception as e:  # the compiled backward graph is only built, and may fail, at the first backward
+            if not fwd.fail(e):
+                raise
+            out, loss = step(batch)
         if train["grad_clip"] > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
         opt.step()
         it += 1
-        if it % train["log_interval"] == 0 or it == T:
-            lossf = loss.detach()
-            if world > 1:  # the global batch's loss, the same on every rank (so all stop together on a NaN)
-                dist.all_reduce(lossf)
-                lossf = lossf / world
-            lossf = lossf.item()  # the only host sync between log lines
+        at_log = it % train["log_interval"] == 0 or it == T
+        at_eval = it % train["eval_interval"] == 0 or it == T
+        if at_log or at_eval:  # the only host sync between log lines
+            lossf = global_mean(loss, world)  # the same on every rank, so all stop together on a NaN
+        if at_log:
             if not math.isfinite(lossf):
                 last = f"{ckpt_path} (step {history[-1]['iter']})" if history else "none was saved yet"
                 print(f"loss is {lossf} at step {it}: stopping; last good checkpoint: {last}", file=sys.stderr)
@@ -480,7 +555,6 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
             print(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {m.result(task)['mae_token']:.4f} bits (batch) "
                   f"| {tok_s / 1e3:.1f}k tok/s | lr {lr:.2e} | eta {fmt_time(eta)}")
             t_log, it_log = time.time(), it
-        at_eval = it % train["eval_interval"] == 0 or it == T
         if not (at_eval or it in snapshots):
             continue
         verdict = 0  # rank 0's: 0 go on, 1 the --stop_at target is reached, 2 the parameters are not finite
@@ -490,7 +564,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
         elif master:
             if at_eval:
                 r = evaluate(eval_fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx)
-                history.append(dict(iter=it, loss=loss.item(), time=elapsed + time.time() - t_start,
+                history.append(dict(iter=it, loss=lossf, time=elapsed + time.time() - t_start,
                                     **{k: v for k, v in r.items() if not k.startswith("curve")}))
                 print(f"eval step {it}: {summary(r)}")
                 save_checkpoint(ckpt_path, state())

@@ -36,6 +36,9 @@ def test_data_parallel_follows_the_single_process_trajectory(tmp_path):
     for a, b in zip(ddp_losses, one_losses):
         assert a == pytest.approx(b, abs=2e-4)
     assert ddp["metrics"]["default"]["kl"] == pytest.approx(one["metrics"]["default"]["kl"], abs=2e-3)
+    # the history holds the global batch's loss, as the log line does, not rank 0's slice of it
+    assert ddp["history"][-1]["loss"] == pytest.approx(ddp_losses[-1], abs=1e-4)
+    assert ddp["history"][-1]["loss"] == pytest.approx(one["history"][-1]["loss"], abs=2e-4)
     # the same function at the end (compared on outputs: Adam turns the float noise in the gradient of
     # the attention's key bias, zero in exact arithmetic, into different steps), and it moved from the init
     outs = []

@@ -1,0 +1,252 @@
+"""A first run on a GPU, under torchrun or on a Mac, checked on the CPU: fake devices and patched
+torch.cuda / torch.backends.mps / torch.compile stand in for the hardware; the tests that need CUDA
+itself skip without it."""
+from functools import partial
+import json
+import os
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+import torch.utils._pytree as pytree
+
+import bench
+import bench_memory
+import bench_scan
+import reproduce
+import train
+from cli import exit_code
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+run_main = partial(exit_code, train.main)
+TINY = ["--n_layer", "1", "--max_iters", "3", "--batch_size", "8", "--log_interval", "1", "--eval_interval", "3",
+        "--eval_samples", "20", "--eval_samples_during", "10"]
+SMALL = dict(hmm=["--K", "4", "--n_states", "3", "--n_obs", "3", "--eval_K", "6"], regression=["--K", "4", "--d", "2"])
+
+
+class FakeMPS(TorchFunctionMode):
+    """Apple MPS played by the CPU: tensors moved to "mps", and those computed from them, count as on MPS,
+    and, as on MPS, none of them may be float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.on = {}  # id -> tensor, kept alive so that no id is reused
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.to, torch.Tensor.cpu):
+            t = args[0]
+            device, dtype = torch._C._nn._parse_to(*args[1:], **kwargs)[:2] if func is torch.Tensor.to else ("cpu", None)
+            if device is not None:  # a move: a copy where it crosses between "devices", as a real move does
+                to_mps = torch.device(device).type == "mps"
+                out = t.to("cpu", dtype or t.dtype, copy=to_mps or id(t) in self.on)
+                return self.mark(out) if to_mps else out
+        out = func(*args, **kwargs)
+        if any(id(t) in self.on for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
+            pytree.tree_map_only(torch.Tensor, self.mark, out)  # computed on MPS, stays there
+        return out
+
+    def mark(self, t):
+        if t.dtype == torch.float64:
+            raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64")
+        self.on[id(t)] = t
+        return t
+
+
+@pytest.mark.parametrize("task", ["hmm", "regression"])
+def test_a_device_without_float64_gets_only_the_models_tensors(tmp_path, monkeypatch, task):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    argv = ["--task", task, "--device", "mps", "--n_embd", "16", "--n_head", "2", "--out_dir", str(tmp_path)]
+    with FakeMPS() as mps:
+        assert run_main(argv + TINY + SMALL[task]) == 0
+    assert len(mps.on) > 0  # the model did run "on MPS"
+    r = json.load(open(tmp_path / "results.json"))
+    assert r["device"] == "mps" and r["metrics"]["default"]["n_sequences"] == 20
+
+
+def compile_with(monkeypatch, backend):
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend=backend))
+
+
+def test_compile_falls_back_to_eager_at_the_first_backward(tmp_path, monkeypatch, capsys):
+    # with the aot_eager backend the chunked linear attention compiles its forward and then raises
+    # "view size is not compatible" in the backward
+    compile_with(monkeypatch, "aot_eager")
+    argv = ["--task", "bijection", "--V", "6", "--model", "linear_attn", "--mode", "chunked", "--n_embd", "16",
+            "--n_head", "2", "--compile", "--device", "cpu", "--out_dir", str(tmp_path)]
+    assert run_main(argv + TINY) == 0
+    out = capsys.readouterr().out
+    assert out.count("torch.compile failed") == 1 and "running eager" in out
+    assert json.load(open(tmp_path / "results.json"))["iters"] == 3
+
+
+def test_compile_falls_back_to_eager_at_a_later_recompile(tmp_path, monkeypatch, capsys):
+    # a backend that compiles the training graphs and fails on the evaluation's (no_grad) recompile
+    def backend(gm, inputs):
+        if not torch.is_grad_enabled():
+            raise RuntimeError("cannot compile this graph")
+        return gm.forward
+
+    compile_with(monkeypatch, backend)
+    argv = ["--task", "bijection", "--V", "6", "--model", "mlp", "--d_model", "16", "--compile", "--device", "cpu",
+            "--out_dir", str(tmp_path)]
+    assert run_main(argv + TINY) == 0
+    out = capsys.readouterr().out
+    assert out.count("torch.compile failed") == 1 and "cannot compile this graph" in out
+    assert out.index("step      3/3") < out.index("torch.compile failed")  # the training steps were compiled
+
+
+def test_a_sweep_of_compiled_runs_in_one_process_stays_compiled(tmp_path, monkeypatch):
+    # without a reset per run the third would find dynamo's recompile limit used up by the first two and run
+    # eager, saying nothing; here hitting the limit raises, so a run would say "torch.compile failed"
+    compiled, per_run, real_run = [], [], train.run
+
+    def backend(gm, inputs):
+        compiled.append(gm)
+        return gm.forward
+
+    def run(*a, **k):
+        n = len(compiled)
+        rc = real_run(*a, **k)
+        per_run.append(len(compiled) - n)
+        return rc
+
+    compile_with(monkeypatch, backend)
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    monkeypatch.setattr(train, "run", run)
+    out = tmp_path / "out"
+    assert exit_code(reproduce.main, ["--preset", "tiny", "--tasks", "bijection,hmm,recall", "--models", "transformer",
+                                      "--out", str(out), "--results", str(tmp_path / "res"), "--", "--compile"]) == 0
+    assert len(per_run) == 3 and min(per_run) >= 2, per_run  # each run compiles its training and evaluation graphs
+    for log in (out / "tiny").glob("*/train.log"):
+        assert "torch.compile failed" not in log.read_text()
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_torchrun_with_more_processes_than_gpus_is_a_clear_error(tmp_path, monkeypatch, capsys, local_rank):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for k, v in dict(WORLD_SIZE=2, RANK=local_rank, LOCAL_RANK=local_rank, LOCAL_WORLD_SIZE=2).items():
+        monkeypatch.setenv(k, str(v))
+    assert run_main(["--task", "bijection", "--device", "cuda", "--out_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "started 2 processes on this machine but it has 1 GPU: use --nproc_per_node=1" in err
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_a_gpu_index_beyond_the_machines_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert run_main(["--task", "bijection", "--device", "cuda:2", "--out_dir", "/nonexistent/never"]) == 2
+    assert "device 'cuda:2' does not exist here: this machine has 2 GPUs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layers, bidirectional", [(1, False), (2, True)])
+def test_bench_counts_the_flops_of_cudnns_lstm(layers, bidirectional):
+    # aten._cudnn_rnn has a meta kernel, so its call on a GPU can be replayed here; 2 flops per weight per token
+    T, B, I, H, dirs = 7, 3, 5, 6, 1 + bidirectional
+    m = dict(device="meta")
+    weights = [w for layer in range(layers) for _ in range(dirs)
+               for w in (torch.empty(4 * H, I if layer == 0 else H * dirs, **m), torch.empty(4 * H, H, **m),
+                         torch.empty(4 * H, **m), torch.empty(4 * H, **m))]
+    h0 = torch.empty(layers * dirs, B, H, **m)
+    args = (torch.empty(T, B, I, **m), weights, 4, None, h0, h0, 2, H, 0, layers, False, 0.0, True, bidirectional, [], None)
+    expect = 2 * T * B * sum(w.numel() for w in weights if w.dim() == 2)
+    with torch.utils.flop_counter.FlopCounterMode(display=False, custom_mapping=bench.EXTRA_FLOPS) as counter:
+        torch.ops.aten._cudnn_rnn(*args)
+    assert counter.get_total_flops() == expect
+    # the backward has no meta kernel: its formula, called as the counter calls it
+    output, _, _, reserve, _ = torch.ops.aten._cudnn_rnn(*args)
+    backward = counter.flop_registry[torch.ops.aten._cudnn_rnn_backward]
+    bargs = args[:3] + (torch.empty(0, **m), h0, h0, output, output, h0, h0) + args[6:] + (reserve, [True] * 4)
+    assert backward(*bargs, out_val=None) == 2 * expect
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")  # torch.autocast("cuda") on this machine
+@pytest.mark.parametrize("native, expect", [(True, True), (False, False)])
+def test_bf16_autocast_only_where_the_gpu_has_it_natively(monkeypatch, native, expect):
+    # a T4 or V100: bf16 by emulation only
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
+    assert train.autocast("auto", torch.device("cuda"))[0] is expect
+    assert train.autocast("float32", torch.device("cuda"))[0] is False
+    assert train.autocast("auto", torch.device("cpu"))[0] is False
+
+
+def test_checkpoints_hold_the_cuda_rng_state(monkeypatch):
+    state, restored = torch.arange(16, dtype=torch.uint8), []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": state.clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.append((s, device)))
+    dev = torch.device("cuda:0")
+    saved = train.rng_state(dev)
+    assert set(saved) == {"torch_rng", "cuda_rng"} and torch.equal(saved["cuda_rng"], state)
+    train.set_rng_state(saved, dev)
+    assert len(restored) == 1 and torch.equal(restored[0][0], state) and restored[0][1] == dev
+    assert set(train.rng_state(torch.device("cpu"))) == {"torch_rng"}
+    train.set_rng_state(train.rng_state(torch.device("cpu")), dev)  # a CPU run resumed on a GPU: the seeded state
+    assert len(restored) == 1
+
+
+@cuda
+def test_a_gpu_run_with_dropout_resumes_with_the_same_masks(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = ["--task", "bijection", "--V", "6", "--model", "lstm", "--n_layer", "2", "--d_model", "16",
+              "--dropout", "0.5", "--lr", "1e-2", "--warmup_iters", "1", "--batch_size", "8", "--max_iters", "6",
+              "--eval_interval", "3", "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cuda",
+              "--dtype", "float32"]
+    assert run_main(common + ["--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
+    os.makedirs(b)
+    os.replace(a / "ckpt_0000003.pt", b / "ckpt.pt")
+    assert run_main(["--task", "bijection", "--model", "lstm", "--resume", "--out_dir", str(b)]) == 0
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
+    for k in sa["model"]:  # other masks would move them by ~lr = 1e-2; cuDNN's RNN may differ in the last bits
+        assert torch.allclose(sa["model"][k], sb["model"][k], rtol=0, atol=1e-5), k
+
+
+def test_a_resumed_optimizer_keeps_its_own_kernel():
+    # a checkpoint of a CPU run (the plain loop) resumed where build() makes the fused AdamW, as on CUDA
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    before = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    before.step()
+    fused = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    train.load_optimizer_state(fused, before.state_dict())
+    assert fused.param_groups[0]["fused"] is True
+    assert torch.equal(fused.state[model.weight]["exp_avg"], before.state[model.weight]["exp_avg"])
+    fused.step()  # the fused kernel accepts the state it was given
+    assert float(fused.state[model.weight]["step"]) == 2
+
+
+def test_bench_memory_times_the_rules_without_the_value_checks(monkeypatch):
+    seen = []
+
+    def memory(*a, **kw):
+        seen.append(kw.get("check_values", True))
+        return real(*a, **kw)
+
+    real = bench_memory.memory
+    monkeypatch.setattr(bench_memory, "memory", memory)
+    args = bench_memory.argparse.Namespace(threads=1, device="cpu", dtype="float32", seed=0, B=1, H=1, d_k=4, d_v=4,
+                                           decay=1.0, warmup=0, reps=1)
+    bench_memory.measure("oja", "chunked", None, 8, args)
+    assert seen and not any(seen)  # the model calls memory with check_values=False
+
+
+def test_bench_scan_warms_up_the_backward_before_measuring(monkeypatch):
+    events, real_scan, real_time = [], bench_scan.selective_scan, bench_scan.time_and_peak
+
+    def scan(*a, **kw):
+        y = real_scan(*a, **kw)
+        if y.requires_grad:
+            y.register_hook(lambda g: events.append("backward"))
+        return y
+
+    def time_and_peak(*a, **kw):
+        events.append("measure")
+        return real_time(*a, **kw)
+
+    monkeypatch.setattr(bench_scan, "selective_scan", scan)
+    monkeypatch.setattr(bench_scan, "time_and_peak", time_and_peak)
+    args = bench_scan.argparse.Namespace(threads=1, device="cpu", seed=0, B=1, D=4, N=2, warmup=0, reps=1)
+    bench_scan.measure("chunked", 16, args)
+    assert events.index("backward") < events.index("measure")  # cuBLAS's workspace is made before the baseline
