@@ -17,6 +17,10 @@ subprocess that sees one GPU (CUDA_VISIBLE_DEVICES). Model sizes come from train
 in the paper preset the MLP is matched, the LSTM is the authors' unmatched one). `tiny` is a
 preset of a few steps at toy sizes, for tests.
 
+The MLP has two rows, since the paper does not say how its MLP saw the context: `mlp` sees the
+flattened causal prefix, `mlp_pos` (train.py `--model mlp --per_position`, with its own
+capacity-matched widths, presets.py) only the current token and its position.
+
 Output: results/table.md with, per task, each model's entropy MAE in both conventions, KL,
 accuracy, parameters and training time beside the paper's numbers,
 and per task a figure of per-position model entropy against the oracle's for every model
@@ -37,19 +41,21 @@ import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK_ORDER = ("bijection", "hmm", "regression", "recall")  # the default matrix: the wind tunnels
-MODEL_ORDER = ("transformer", "mamba", "lstm", "mlp", "linear_attn")  # those of them in train.MODELS
+MODEL_ORDER = ("transformer", "mamba", "lstm", "mlp", "mlp_pos", "linear_attn")  # those train.py has
+VARIANTS = {"mlp_pos": "mlp"}  # row: the train.py model it runs, with the row's preset entry as flags
 
 # the paper's numbers (v3 architecture table unless noted); MAE in bits, recall as accuracy
 PAPER = {
-    "bijection": dict(transformer="0.007", mamba="0.010", lstm="0.009", mlp="≈1.85"),
-    "hmm": dict(transformer="0.049", mamba="0.024", lstm="0.411", mlp="≈0.409"),
+    "bijection": dict(transformer="0.007", mamba="0.010", lstm="0.009", mlp="≈1.85", mlp_pos="≈1.85"),
+    "hmm": dict(transformer="0.049", mamba="0.024", lstm="0.411", mlp="≈0.409", mlp_pos="≈0.409"),
     "recall": dict(transformer="acc. 100%", mamba="acc. 97.8%", lstm="acc. 0.5%"),
 }
 PAPER_NOTES = """Paper numbers (second-hand transcriptions of arXiv 2512.22471) are the v3 architecture table unless noted.
 Bijection: the authors' evaluation averages over sequences first (our mean-curve convention); the v1 transformer
 figure is 3e-3 and the MLP's ≈1.85 is from v1. HMM: the v3 table (0.049 for the transformer, against 7.5e-5 in v1,
 an unresolved discrepancy); the authors' HMM scripts score per token; the transformer's K=50 figure is 0.029.
-Recall: accuracy; the LSTM's 0.5% is chance. Regression is not in the paper."""
+Recall: accuracy; the LSTM's 0.5% is chance. Regression is not in the paper. The paper's MLP figures stand beside
+both MLP rows: which of the two readings it ran is not stated."""
 
 # the tiny preset: a few steps at toy sizes (tests); model sizes go to the fields each model has
 TINY_TRAIN = ["--max_iters", "4", "--batch_size", "8", "--log_interval", "2", "--eval_interval", "4",
@@ -68,14 +74,23 @@ def width_field(model):
     return getattr(train.MODELS[model][1], "width_field", "n_embd")
 
 
+def row_models():
+    """The table's rows that can run: train.py's models, and the variants of them."""
+    return [m for m in MODEL_ORDER if VARIANTS.get(m, m) in train.MODELS] + \
+           [m for m in train.MODELS if m not in MODEL_ORDER]
+
+
 def cell_argv(task, model, preset, out_dir, extra):
     """The train.py command line of one cell."""
-    argv = ["--task", task, "--model", model, "--preset", "quick" if preset == "tiny" else preset]
+    base, opts = VARIANTS.get(model, model), {}
+    if model in VARIANTS:  # e.g. mlp_pos: the mlp with its own options and widths
+        opts = train.PRESETS["quick" if preset == "tiny" else preset][task][model]
+    argv = ["--task", task, "--model", base, "--preset", "quick" if preset == "tiny" else preset]
     if preset == "tiny":
-        names = {f.name for f in fields(train.MODELS[model][0])}
-        sizes = {k: v for k, v in TINY_MODEL.items() if k in names} | {width_field(model): TINY_WIDTH}
-        argv += TINY_TRAIN + TINY_TASK.get(task, []) + [a for k, v in sizes.items() for a in (f"--{k}", str(v))]
-    return argv + ["--out_dir", out_dir] + extra
+        names = {f.name for f in fields(train.MODELS[base][0])}
+        opts = opts | {k: v for k, v in TINY_MODEL.items() if k in names} | {width_field(base): TINY_WIDTH}
+        argv += TINY_TRAIN + TINY_TASK.get(task, [])
+    return argv + [a for k, v in opts.items() for a in (f"--{k}", str(v))] + ["--out_dir", out_dir] + extra
 
 
 def load_results(out_dir):
@@ -182,7 +197,9 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
              "first (the paper's convention), *per token* is the mean of |H_model − H_oracle| over every scored "
              "position (stricter). KL(oracle ‖ model) in bits per scored position. Accuracy: argmax against the "
              "true answer (hmm: the hidden state), the Bayes decision's in brackets. Time: training wall time. "
-             f"Each cell is `{os.path.join(out_root, '<task>_<model>')}`.", ""]
+             f"Each cell is `{os.path.join(out_root, '<task>_<model>')}`.", "",
+             "Two readings of the paper's MLP: `mlp` sees the flattened causal prefix (each earlier token in its own "
+             "input slot), `mlp_pos` only the current token and its position.", ""]
     if preset != "paper":
         lines += [f"The `{preset}` preset's models and schedules are far smaller than the paper's (and its recall "
                   "task is shrunk): compare the ordering of the architectures with the paper's, not the digits.", ""]
@@ -222,7 +239,8 @@ def parse_args(argv):
     p.add_argument("--preset", default="quick", help=f"{' | '.join(presets)} (default quick)")
     p.add_argument("--tasks", default=None, help=f"comma-separated tasks (default {','.join(TASK_ORDER)})")
     p.add_argument("--models", default=None, help="comma-separated models (default: those of "
-                                                  f"{', '.join(MODEL_ORDER)} that train.py has)")
+                                                  f"{', '.join(MODEL_ORDER)} that train.py has; "
+                                                  "mlp_pos is the mlp with --per_position)")
     p.add_argument("--out", default=os.path.join("out", "reproduce"), help="cells go to OUT/<preset>/<task>_<model>")
     p.add_argument("--results", default="results", help="where table.md and the figures go")
     p.add_argument("--jobs", type=int, default=0, help="cells at a time (default: one per visible GPU, else 1)")
@@ -233,8 +251,8 @@ def parse_args(argv):
     base = train.PRESETS["quick" if args.preset == "tiny" else args.preset]
     valid_tasks = [t for t in train.TASKS if t in base]  # a cell needs the task's preset entry
     args.tasks = args.tasks or ",".join(t for t in TASK_ORDER if t in valid_tasks)
-    args.models = args.models or ",".join(m for m in MODEL_ORDER if m in train.MODELS)
-    for kind, given, valid in (("task", args.tasks, valid_tasks), ("model", args.models, train.MODELS)):
+    args.models = args.models or ",".join(m for m in MODEL_ORDER if m in row_models())
+    for kind, given, valid in (("task", args.tasks, valid_tasks), ("model", args.models, row_models())):
         bad = [x for x in given.split(",") if x not in valid]
         if bad:
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")

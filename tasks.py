@@ -27,7 +27,7 @@ Design decisions (formats follow the authors' released code where the paper is s
   position that is always determined).
 - hmm: the authors' header of probability tokens `[TRANS] T.. [EMIT] E.. [SEP]` then
   `[OBS] o1 [OBS] o2 ...`; rows ~ Dirichlet(1), by default floored at 0.05 and put on a
-  2-decimal grid (authors' code) so the header states the matrices exactly. With
+  2-decimal grid by the authors' procedure (`to_cents_grid`) so the header states the matrices exactly. With
   `discretize=False` the header shows the rounded matrices while the oracle uses the exact ones.
 - regression (not in the paper; the standard conjugate setting): tokens alternate a query
   [x_i, 0, 1], where y_i is predicted, and the observed pair [x_i, y_i, 0]. Each observation is one
@@ -159,23 +159,33 @@ def dirichlet1(shape, g):
 
 
 def to_cents_grid(p, floor=5):
-    """Floor at 0.05, renormalise, then round to integer cents >= floor with rows summing to 100
-    (the authors' discretisation): add a cent to the smallest entry / take one from the largest
-    until each row sums to exactly 1.00.
+    """The authors' discretisation (their src/data/hmm.py, discretize_and_renormalize): floor at
+    0.05, renormalise, round to integer cents, lift any entry below the floor back to it, then fix
+    the row sum. The entries are ordered once, ascending when cents must be added and descending
+    when removed (ties by index: a stable sort; the numpy argsort they call leaves ties to the
+    platform), and that order is walked round-robin, moving one cent per entry visited and skipping
+    an entry at 100 (adding) or at the floor (removing), until the row sums to 100.
 
-    Each correction moves a row's sum one cent towards 100, so the loop runs as many times as the
-    largest possible |100 - sum|: rounding is off by <= 1/2 per entry, and the floor lifts an
-    entry by at most floor * (1 - 1/s) cents, where s <= 1 + n * floor / 100 is the clamped sum.
-    A fixed count needs no host check of the sums (no GPU sync); rows already at 100 stay put."""
+    In pass k of the walk an entry moves a cent if it can still move more than k and the row still
+    needs one, so the walk is a loop over passes. Each pass that is needed moves a cent, so a fixed
+    count of the largest possible |100 - sum| passes needs no host check of the sums (no GPU sync):
+    rounding is off by <= 1/2 per entry, and the floor lifts an entry by at most floor * (1 - 1/s)
+    cents, where s <= 1 + n * floor / 100 is the clamped sum. At most 20 entries: the walk removes
+    down to the floor, which 21 entries of 5 cents would already exceed."""
     n = p.shape[-1]
     p = p.clamp(min=floor / 100)
     p = p / p.sum(-1, keepdim=True)
     c = torch.round(p * 100).long().clamp(min=floor)
+    need = 100 - c.sum(-1, keepdim=True)  # (..., 1): cents to add (> 0) or to remove (< 0)
+    _, order = torch.sort(torch.where(need > 0, c, -c), stable=True)  # the walk's order
+    room = torch.where(need > 0, 100 - c, c - floor).gather(-1, order)  # cents each entry can move
+    left, moved = need.abs(), torch.zeros_like(c)
     s_max = 1 + n * floor / 100
-    for _ in range(math.ceil(n / 2 + n * floor * (1 - 1 / s_max))):
-        diff = 100 - c.sum(-1, keepdim=True)  # (..., 1)
-        c = c + F.one_hot(c.argmin(-1), n) * (diff > 0) - F.one_hot(c.argmax(-1), n) * (diff < 0)
-    return c
+    for k in range(math.ceil(n / 2 + n * floor * (1 - 1 / s_max))):
+        step = room > k
+        step = step & (step.cumsum(-1) <= left)  # the first `left` entries that can still move
+        moved, left = moved + step, left - step.sum(-1, keepdim=True)
+    return c.scatter_add(-1, order, need.sign() * moved)
 
 
 def categorical(probs, g):

@@ -16,23 +16,65 @@ SMALL = {"bijection": dict(V=6), "hmm": dict(n_states=3, n_obs=4, K=6), "regress
          "hop": dict(n_facts=4, depth=2, hops=2, n_queries=2, n_entities=12)}
 
 
-def cents_until_done(p, floor=5):
-    """The authors' loop as written: correct one cent at a time until every row sums to 100."""
-    p = p.clamp(min=floor / 100)
-    p = p / p.sum(-1, keepdim=True)
-    c = torch.round(p * 100).long().clamp(min=floor)
-    while (diff := 100 - c.sum(-1)).any():
-        c = (c + F.one_hot(c.argmin(-1), c.shape[-1]) * (diff > 0).unsqueeze(-1)
-             - F.one_hot(c.argmax(-1), c.shape[-1]) * (diff < 0).unsqueeze(-1))
+def rounded_cents(row, floor=5):
+    """Floor at 0.05, renormalise, round to cents (half to even, as numpy's rint), lift to the floor."""
+    p = [max(x, floor / 100) for x in row]
+    return [max(round(x / sum(p) * 100), floor) for x in p]
+
+
+def cents_row_by_row(row, floor=5):
+    """The authors' procedure, one row at a time in plain Python: the rounded cents, then order the
+    entries once, ascending cents to add and descending to remove (ties by index), and walk that
+    order round-robin, one cent per entry visited, skipping an entry at 100 or at the floor, until
+    the row sums to 100."""
+    c = rounded_cents(row, floor)
+    diff = 100 - sum(c)
+    order = sorted(range(len(c)), key=lambda j: c[j] if diff > 0 else -c[j])  # sorted() is stable
+    i = 0
+    while diff:
+        j = order[i % len(c)]
+        if diff > 0 and c[j] < 100:
+            c[j], diff = c[j] + 1, diff - 1
+        elif diff < 0 and c[j] > floor:
+            c[j], diff = c[j] - 1, diff + 1
+        i += 1
     return c
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 8, 13, 20])
-def test_the_fixed_count_grid_equals_the_loop_until_done(n):
-    p = tasks.dirichlet1((20000, n), torch.Generator().manual_seed(n))
-    c = tasks.to_cents_grid(p)
-    assert torch.equal(c, cents_until_done(p))
+def rounding_to(cents, floor=5):
+    """A row whose rounded cents are `cents`: the entries at the floor are 0 (clamped up to it),
+    the others cents / 100 of the clamped sum."""
+    rest = sum(x for x in cents if x > floor) / 100
+    s = floor / 100 * sum(x <= floor for x in cents) / (1 - rest)  # the clamped sum
+    return [x / 100 * s if x > floor else 0.0 for x in cents]
+
+
+@pytest.mark.parametrize("row, rounded, fixed", [
+    (rounding_to([33, 54, 5, 5, 5]), [33, 54, 5, 5, 5], [32, 53, 5, 5, 5]),  # 2 over: one from each of the two largest
+    (rounding_to([6, 7, 60] + [5] * 8), [6, 7, 60] + [5] * 8, [5, 5, 50] + [5] * 8),  # 13 over: 6 and 7 reach the floor
+    ([0.104] * 9 + [0.064], [10] * 9 + [6], [11, 11, 11] + [10] * 6 + [7]),  # 4 short: the 6, then the first three 10s
+])
+def test_the_cents_grid_walks_the_entries_round_robin(row, rounded, fixed):
+    assert rounded_cents(row) == rounded
+    assert tasks.to_cents_grid(torch.tensor([row], dtype=torch.float64)).tolist() == [fixed] == [cents_row_by_row(row)]
+
+
+@pytest.mark.parametrize("n", range(2, 21))
+def test_the_cents_grid_is_the_row_by_row_procedure(n):
+    p = tasks.dirichlet1((3000, n), torch.Generator().manual_seed(n))
+    c = tasks.to_cents_grid(p.view(1000, 3, n)).view(3000, n)  # any leading shape
+    assert c.tolist() == [cents_row_by_row(row) for row in p.tolist()]
     assert (c.sum(-1) == 100).all() and (c >= 5).all()
+
+
+def test_the_hmm_header_states_valid_rows():
+    task = tasks.make_task("hmm")
+    batch = task.sample(500, torch.Generator().manual_seed(0))
+    S, O = task.n_states, task.n_obs
+    for start, rows, cols, name in ((1, S, S, "trans"), (2 + S * S, S, O, "emit")):
+        c = batch.x[:, start:start + rows * cols].view(-1, rows, cols)
+        assert (c.sum(-1) == 100).all() and (c >= 5).all()
+        assert torch.equal(c.double() / 100, batch.latent[name])
 
 
 def masked_reference_loss(task, out, batch):

@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 import reproduce
 import train
@@ -20,7 +21,8 @@ def test_tiny_matrix_table_then_skip_then_resume(tmp_path, capsys):
     argv = ["--preset", "tiny", "--out", str(out), "--results", str(res)]
     assert run(argv) == 0
     table = (res / "table.md").read_text()
-    models = [m for m in reproduce.MODEL_ORDER if m in train.MODELS]
+    models = [m for m in reproduce.MODEL_ORDER if m in reproduce.row_models()]
+    assert "mlp_pos" in models
     for task in reproduce.TASK_ORDER:
         assert f"## {task}" in table
         for model in models:
@@ -39,6 +41,35 @@ def test_tiny_matrix_table_then_skip_then_resume(tmp_path, capsys):
     assert f"{n} cells, preset tiny: {n - 1} finished before (skipped), 1 to run" in said and "hmm x lstm: done" in said
     assert json.load(open(cell / "results.json"))["iters"] == 4
     assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
+
+
+def test_the_per_position_mlp_is_its_own_row_beside_the_mlp(tmp_path):
+    out, res = tmp_path / "out", tmp_path / "results"
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp_pos,mlp", "--out", str(out),
+                "--results", str(res)]) == 0
+    r = {m: json.load(open(out / "tiny" / f"bijection_{m}" / "results.json")) for m in ("mlp", "mlp_pos")}
+    assert r["mlp_pos"]["model"] == "mlp" and r["mlp_pos"]["model_config"]["per_position"]
+    assert not r["mlp"]["model_config"]["per_position"] and r["mlp_pos"]["n_params"] < r["mlp"]["n_params"]
+    lines = (res / "table.md").read_text().splitlines()
+    rows = [i for i, line in enumerate(lines) if line.startswith(("| mlp |", "| mlp_pos |"))]
+    assert len(rows) == 2 and rows[1] == rows[0] + 1  # mlp_pos beside mlp, both with the paper's figure
+    assert all("| ≈1.85 |" in lines[i] for i in rows)
+    assert any("`mlp_pos` only the current token" in line for line in lines)
+
+
+def n_params(task, model, preset, opts):
+    cfg = train.build_config(task, model, preset, opts)
+    with torch.device("meta"):  # shapes only
+        return train.build(cfg, torch.device("meta"))[2].num_params()
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+def test_the_per_position_mlp_is_capacity_matched(preset):
+    for task in reproduce.TASK_ORDER:
+        argv = reproduce.cell_argv(task, "mlp_pos", preset, "x", [])
+        assert argv[argv.index("--model") + 1] == "mlp" and argv[argv.index("--per_position") + 1] == "True"
+        opts = train.PRESETS[preset][task]["mlp_pos"]
+        assert abs(n_params(task, "mlp", preset, opts) / n_params(task, "transformer", preset, {}) - 1) < 0.01
 
 
 def test_table_without_matplotlib(tmp_path, monkeypatch):
