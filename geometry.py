@@ -35,8 +35,20 @@ hypotheses pi(k), as in the authors' jlens code); hmm has no state tokens: its O
   output projection's bias; with bias=False that is skipping the attention).
 - clusters (v3 "five clusters"; hmm): values plus the silhouette of the argmax filtering-posterior
   state's clusters (Euclidean, top-10 PCs, --max_points points); PCA by state and by H.
-keys, qk, dynamics need softmax attention (transformer); values bijection or hmm; clusters hmm; ablate
-runs on every model. A diagnostic that does not apply, or a missing checkpoint: a one-line error (exit 2).
+- belief (Shai et al. 2024, arXiv 2405.15943): is the whole posterior a linear function of the stream?
+  Target y: hmm, the filter's P(s_t | o_1..o_t); bijection, P(pi(k_t) = v); regression, the predictive
+  (mean, log var). Per layer (`emb`, `L1`.., `final`), of the trained model, of its initialisation and
+  of the token embeddings alone (wte(x_t)): a ridge probe y ~ X W + b fitted on the first half of the
+  sequences, scored on the second: pooled R^2 = 1 - sum|y - p|^2 / sum|y - mean y|^2, and the mean
+  KL(oracle || probe) in bits, with the probe clipped at 1e-6 and renormalised (regression: the
+  Gaussian KL). Ridge: lambda = alpha tr(Xc^T Xc) / d, alpha in 1e-8..10 the one with the least
+  squared error on the fitting half's second half when fitted on its first; then refitted on the half.
+  `constant`: the fitting half's mean belief, for scale. Figure: the final layer's held-out predictions
+  beside the truth (3 states: in the simplex, coloured by the true belief as RGB; else on the truth's
+  PC1-2), R^2 and KL per layer.
+keys, qk, dynamics need softmax attention (transformer); values bijection or hmm; clusters hmm; belief a
+task with a posterior vector (bijection, hmm, regression); ablate runs on every model. A diagnostic that
+does not apply, or a missing checkpoint: a one-line error (exit 2).
 """
 from functools import partial
 import glob
@@ -49,13 +61,14 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from oracles import Metrics, entropy_bits, oracle
+from oracles import LOG2, Metrics, entropy_bits, gaussian_kl_bits, oracle
 from tasks import make_task
 from train import MODELS, Parser, load_checkpoint
 
-DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters")  # the order of `all`
+DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
 ATTENTION = ("transformer",)  # models with softmax attention: queries, keys, attention maps
 ENTROPY_TASKS = ("bijection", "hmm")  # posterior entropy varies across scored positions
+BELIEF_TASKS = ("bijection", "hmm", "regression")  # a posterior vector; recall's and hop's are point masses
 
 
 def ckpt_path(path):
@@ -360,8 +373,130 @@ def dynamics(model, task, batch, state, args):
         return fig
     return r, draw
 
+# -----------------------------------------------------------------------------
+# belief: a linear probe of the exact posterior vector (Shai et al. 2024)
+
+RIDGE_ALPHAS = 10.0 ** torch.arange(-8, 2, dtype=torch.float64)  # relative ridge strengths, see ridge()
+EPS = 1e-6  # floor of a probe's prediction: a negative probability would make the KL infinite
+
+
+def ridge(X, Y, alphas):
+    """[(W, b)] per alpha: W = (Xc^T Xc + lambda I)^-1 Xc^T Yc, b = mean(Y) - mean(X) W (the intercept is
+    not penalised), lambda = alpha tr(Xc^T Xc) / d so that alpha does not depend on the scale of X."""
+    mx, my = X.mean(0), Y.mean(0)
+    Xc = X - mx
+    G = Xc.T @ Xc
+    e, Q = torch.linalg.eigh(G)  # one decomposition for the whole grid
+    QXY = Q.T @ (Xc.T @ (Y - my))
+    scale = (G.trace() / len(G)).clamp(min=torch.finfo(G.dtype).tiny)  # a constant X: W = 0
+    return [(W, my - mx @ W) for W in (Q @ (QXY / (e.clamp(min=0) + a * scale)[:, None]) for a in alphas)]
+
+
+def probe(X, Y, seq, B):
+    """Ridge probe of Y (N, D) from X (N, d), points of sequences seq (N,) in range(B): alpha from RIDGE_ALPHAS
+    by the squared error on sequences B/4..B/2 of a fit on those below B/4, then refitted on all below B/2.
+    Returns alpha and the predictions (N', D) on the held-out sequences >= B/2."""
+    fit, inner = seq < B // 2, seq < B // 4
+    val = fit & ~inner
+    err = torch.stack([(Y[val] - X[val] @ W - b).pow(2).sum() for W, b in ridge(X[inner], Y[inner], RIDGE_ALPHAS)])
+    alpha = RIDGE_ALPHAS[int(err.argmin())]  # the first (smallest) on ties
+    (W, b), = ridge(X[fit], Y[fit], [alpha])
+    return alpha.item(), X[~fit] @ W + b
+
+
+def r2(Y, P):
+    """Pooled R^2 = 1 - sum |y - p|^2 / sum |y - mean(y)|^2 over points and outputs (< 0: worse than the mean)."""
+    return (1 - (Y - P).pow(2).sum() / (Y - Y.mean(0)).pow(2).sum()).item()
+
+
+def belief_target(task, batch):
+    """(N, D) the exact posterior at the scored positions, row-major: a distribution, or (mean, log var)."""
+    if task.gaussian:
+        mean, var = oracle(task, batch)
+        return torch.stack([mean[batch.mask], var[batch.mask].log()], -1)
+    return oracle(task, batch)[batch.mask]
+
+
+def belief_kl(task, Y, P):
+    """(N,) KL(oracle || probe) in bits. Categorical: the probe clipped at EPS and renormalised;
+    regression: KL(N(m, v) || N(m', exp(l'))) with the probe's (m', l')."""
+    if task.gaussian:
+        return gaussian_kl_bits(Y[:, 0], Y[:, 1].exp(), P[:, 0], P[:, 1].exp())
+    q = P.clamp(min=EPS)
+    q = q / q.sum(-1, keepdim=True)
+    return (Y * (torch.where(Y > 0, Y.log(), torch.zeros_like(Y)) - q.log())).sum(-1) / LOG2
+
+
+def belief(model, task, batch, state, args):
+    B = len(batch.x)
+    if B < 4:
+        raise ValueError("belief needs --n_seq >= 4: sequences to fit, to choose the ridge strength and to score")
+    Y, seq = belief_target(task, batch), batch.mask.nonzero()[:, 0]  # the sequence of every scored point
+    test = seq >= B // 2
+
+    def score(X):
+        alpha, P = probe(X, Y, seq, B)
+        return dict(r2=r2(Y[test], P), kl_bits=belief_kl(task, Y[test], P).mean().item(), alpha=alpha), P
+
+    init = build_model(state, trained=False)
+    streams = lambda m: [(n, X) for n, X in representations(m, batch) if not n.startswith("attn")]
+    layers, pred = {}, {}
+    for (name, X), (_, X0) in zip(streams(model), streams(init)):
+        (trained, pred[name]), (fresh, _) = score(X), score(X0)
+        layers[name] = dict(trained=trained, init=fresh)
+    tokens, _ = score(model.wte(batch.x)[batch.mask])
+    Yt, const = Y[test], Y[~test].mean(0).expand_as(Y[test])
+    target = "(mean, log var)" if task.gaussian else \
+        f"P over {Y.shape[1]} " + ("hidden states" if task.name == "hmm" else "values")
+    r = dict(target=target, n_fit=int((~test).sum()), n_scored=int(test.sum()), eps=EPS, layers=layers, tokens=tokens,
+             constant=dict(r2=r2(Yt, const), kl_bits=belief_kl(task, Yt, const).mean().item()))
+    sub = torch.randperm(len(Yt), generator=torch.Generator().manual_seed(0))[:args.max_points]
+    Yt, P = Yt[sub], pred["final"][sub]  # the final layer's held-out predictions
+
+    def draw(plt):
+        fig, axs = plt.subplots(1, 4, figsize=(16, 3.8))
+        names, cfg_model = list(layers), state["config"]["model"]
+        for ax, k in zip(axs[:2], ("r2", "kl_bits")):
+            for who in ("trained", "init"):
+                ax.plot(names, [layers[n][who][k] for n in names], "o-", label=f"{who} model")
+            ax.axhline(tokens[k], color="gray", ls="--", label="token embeddings")
+            ax.set(xlabel="layer", title=f"held-out probe {'R2' if k == 'r2' else 'KL (bits)'} of the belief")
+        axs[1].axhline(r["constant"]["kl_bits"], color="k", ls=":", label="constant (mean belief)")
+        axs[1].set_yscale("log")
+        axs[1].legend(fontsize=8)
+        if task.gaussian:
+            for ax, i, label in ((axs[2], 0, "predictive mean"), (axs[3], 1, "predictive log variance")):
+                ax.scatter(Yt[:, i].numpy(), P[:, i].numpy(), s=2, c=Yt[:, 1].numpy(), cmap="viridis")
+                ax.axline((0, 0), slope=1, color="k", lw=0.8)
+                ax.set(xlabel=f"oracle {label}", ylabel="probe", title=f"probe of the final layer ({cfg_model})")
+            return fig
+        if Y.shape[1] == 3:  # barycentric coordinates: the 2-simplex as a triangle, the belief as RGB
+            corners = torch.tensor([[0, 0], [1, 0], [0.5, 3 ** 0.5 / 2]], dtype=torch.float64)
+            xy, colour, axes = lambda p: p @ corners, dict(c=Yt.clamp(0, 1).numpy()), ("", "")
+        else:  # both on the truth's principal axes, coloured by the truth's PC1
+            mu = Yt.mean(0)
+            Vh = torch.linalg.svd(Yt - mu, full_matrices=False)[2][:2]
+            xy, axes = lambda p: (p - mu) @ Vh.T, ("PC1 of the true beliefs", "PC2")
+            colour = dict(c=xy(Yt)[:, 0].numpy(), cmap="viridis")
+        both = torch.cat([xy(Yt), xy(P)] + ([corners] if Y.shape[1] == 3 else []))  # the same axes in both panels
+        pad = 0.05 * (both.max(0).values - both.min(0).values)
+        lo, hi = (both.min(0).values - pad).numpy(), (both.max(0).values + pad).numpy()
+        for ax, p, title in ((axs[2], Yt, "true belief"), (axs[3], P, f"probe of the final layer ({cfg_model})")):
+            if Y.shape[1] == 3:
+                ax.plot(*corners[[0, 1, 2, 0]].T.numpy(), color="k", lw=0.8)
+                for i, corner in enumerate(corners.tolist()):  # hidden states, or bijection values
+                    ax.annotate(f"{'s' if task.name == 'hmm' else 'v'}{i}", corner, textcoords="offset points",
+                                xytext=(0, 4), ha="center")
+                ax.set_aspect("equal")
+                ax.axis("off")
+            ax.scatter(*xy(p).T.numpy(), s=2, **colour)
+            ax.set(title=title, xlabel=axes[0], ylabel=axes[1], xlim=(lo[0], hi[0]), ylim=(lo[1], hi[1]))
+        return fig
+    return r, draw
+
+
 RUN = dict(keys=keys, qk=qk, values=manifold, dynamics=dynamics, ablate=ablate,
-           clusters=partial(manifold, by_state=True))
+           clusters=partial(manifold, by_state=True), belief=belief)
 
 # -----------------------------------------------------------------------------
 # command line
@@ -376,6 +511,10 @@ def why_not(name, cfg, path):
         return f"{name} needs a task whose posterior entropy varies ({', '.join(ENTROPY_TASKS)}), not {task!r}"
     if name == "clusters" and task != "hmm":
         return f"clusters needs an hmm checkpoint (hidden states), not {task!r}"
+    if name == "belief" and task not in BELIEF_TASKS:
+        what = dict(recall="the bound value", hop="the k-hop successor").get(task, "one answer")
+        return (f"belief needs a task whose posterior is a vector ({', '.join(BELIEF_TASKS)}): "
+                f"{task}'s is a point mass on {what}, nothing to probe")
     if name in ("keys", "qk") and task not in ("bijection", "hmm", "recall", "hop"):
         return f"{name} needs a task with hypothesis tokens, not {task!r}"
     if name == "dynamics" and not glob.glob(os.path.join(path, "ckpt_*.pt")):
@@ -387,6 +526,18 @@ def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
     if isinstance(x, dict):
         return {k: to_json(v) for k, v in x.items()}
     return [to_json(v) for v in x] if isinstance(x, list) else None if x != x else x
+
+
+def replace_into(path, write):
+    """write(tmp) then os.replace(tmp, path): a reader sees the old file or the new one, never half of one."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def dump_json(obj, path):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
 
 
 def pyplot():
@@ -424,6 +575,8 @@ def main(argv=None):
             raise ValueError(why_not(args.diagnostic, cfg, args.ckpt))
         seed = cfg["train"]["eval_seed"] if args.seed is None else args.seed
         batch = task.sample(args.n_seq, torch.Generator().manual_seed(seed))
+        if batch.x.is_floating_point():  # regression's real inputs, for the float64 model
+            batch.x = batch.x.double()
         plt = None if args.no_plot else pyplot()
         stem = os.path.splitext(os.path.basename(path))[0]
         for n in names:
@@ -432,11 +585,10 @@ def main(argv=None):
             base = os.path.join(os.path.dirname(path), f"geometry_{n}" + ("" if stem == "ckpt" else f"_{stem}"))
             head = dict(diagnostic=n, ckpt=path, task=cfg["task"], model=cfg["model"], iter=state["iter"],
                         n_seq=args.n_seq, seed=seed)
-            with open(base + ".json", "w") as f:
-                json.dump(to_json(head | r), f, indent=1)
+            replace_into(base + ".json", partial(dump_json, to_json(head | r)))
             if plt is not None:
                 fig = draw(plt)
-                fig.savefig(base + ".png", dpi=90)
+                replace_into(base + ".png", lambda f: fig.savefig(f, format="png", dpi=90))
                 plt.close(fig)
             print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))
     except ValueError as e:
