@@ -23,6 +23,9 @@ Each (model, size) is measured in a fresh process, so its peak memory is its own
   timed per batch) and moving it to the device. oracle: the exact posterior and the metrics for
   one batch; train.py computes them at log steps only, so the share is amortised over
   --log_interval steps. Both shares are of (data + step + amortised oracle).
+- scan fwd/bwd (Mamba): the milliseconds of a step spent in the selective scan's forward and backward
+  (mamba.SelectiveScan, every layer), averaged over --reps steps; the rest of the step is the
+  projections, the convolution, norms, head and optimizer.
 """
 import argparse
 import json
@@ -30,11 +33,13 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from bench_scan import time_and_peak
+import mamba
 from oracles import Metrics
 import train
 
@@ -77,6 +82,35 @@ def matmul_peak(dev, dtype, n, reps):
     return 2 * n ** 3 / best_time(lambda: a @ b, dev, 2, reps)
 
 
+def scan_share(step, dev, reps):
+    """(forward, backward) seconds per step spent inside the selective scans (mamba.SelectiveScan), timed
+    by wrapping its two methods over `reps` steps; the rest of a Mamba step is projections, the conv,
+    norms, the head and the optimizer."""
+    spent, fn = {"forward": 0.0, "backward": 0.0}, mamba.SelectiveScan
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def timed(name, method):
+        def wrapper(*a):
+            sync()
+            t0 = time.perf_counter()
+            out = method(*a)
+            sync()
+            spent[name] += time.perf_counter() - t0
+            return out
+        return staticmethod(wrapper)
+
+    saved = {k: fn.__dict__[k] for k in spent}
+    try:
+        for k in spent:
+            setattr(fn, k, timed(k, getattr(fn, k)))
+        for _ in range(reps):
+            step()
+    finally:
+        for k, v in saved.items():
+            setattr(fn, k, v)
+    return spent["forward"] / reps, spent["backward"] / reps
+
+
 def measure(task_name, model_name, size, args):
     """One (model, size) in this process: the numbers of one row."""
     torch.set_num_threads(args.threads)
@@ -100,6 +134,7 @@ def measure(task_name, model_name, size, args):
         opt.step()
 
     t_step, peak_mb = time_and_peak(step, dev, args.warmup, args.reps)  # first: the peak is the steps' own
+    scan_fwd, scan_bwd = scan_share(step, dev, args.reps) if model_name == "mamba" else (0.0, 0.0)
     with FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS) as counter:
         with ctx:
             task.loss(model(batch.x), batch).backward()
@@ -116,17 +151,18 @@ def measure(task_name, model_name, size, args):
                 matmul_peak=peak, of_peak=flops / t_step / peak, peak_mb=peak_mb, data_s=t_data, oracle_s=t_oracle,
                 data_share=t_data / total, oracle_share=t_oracle / cfg["train"]["log_interval"] / total,
                 device=str(dev) + (" bf16" if use_bf16 else ""), threads=args.threads if dev.type == "cpu" else None,
-                data_device=str(g.device), data_chunk=chunk)
+                data_device=str(g.device), data_chunk=chunk, scan_fwd_s=scan_fwd, scan_bwd_s=scan_bwd)
 
 
 HEADER = (f"{'model':<12} {'size':<6} {'params':>9} {'B x T':>9} {'step ms':>8} {'tok/s':>8} {'GFLOP/s':>8} "
-          f"{'of peak':>7} {'peak MB':>8} {'data':>6} {'oracle':>6}")
+          f"{'of peak':>7} {'peak MB':>8} {'data':>6} {'oracle':>6} {'scan fwd/bwd ms':>15}")
 
 
 def row(m):
     return (f"{m['model']:<12} {m['size']:<6} {m['params']:>9,} {m['batch']:>4} x {m['seq_len']:<3} "
             f"{1e3 * m['step_s']:8.1f} {m['tokens_per_s']:8.0f} {m['flops_per_s'] / 1e9:8.1f} {m['of_peak']:7.0%} "
-            f"{m['peak_mb']:8.0f} {m['data_share']:6.1%} {m['oracle_share']:6.1%}")
+            f"{m['peak_mb']:8.0f} {m['data_share']:6.1%} {m['oracle_share']:6.1%}"
+            + (f" {1e3 * m['scan_fwd_s']:7.1f}/{1e3 * m['scan_bwd_s']:<7.1f}" if m.get("scan_fwd_s") else ""))
 
 
 def main(argv=None):

@@ -103,10 +103,8 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
             delta = delta + delta_bias.to(dtype)[:, None]
         if delta_softplus:
             delta = F.softplus(delta)
-        # time-first and contiguous, so each step's (b, d, n) slice is one contiguous block of memory
-        y, last_state = SelectiveScan.apply(*(rearrange(t, "b d l -> l b d").contiguous() for t in (u, delta)), A,
-                                            *(rearrange(t, "b n l -> l b n").contiguous() for t in (B, C)),
-                                            chunk, mode == "chunked")
+        y, last_state = SelectiveScan.apply(*(rearrange(t, "b d l -> l b d") for t in (u, delta)), A,
+                                            *(rearrange(t, "b n l -> l b n") for t in (B, C)), chunk, mode == "chunked")
         y = rearrange(y, "l b d -> b d l")
         if D is not None:
             y = y + u * D.to(dtype)[:, None]
@@ -184,7 +182,8 @@ class SelectiveScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u, delta, A, B, C, chunk, parallel):
         ctx.chunk, ctx.parallel = chunk, parallel
-        if parallel:
+        if parallel:  # time-first in memory too, so each step's slice of the (l, b, d, n) tensors is contiguous
+            u, delta, B, C = (t.contiguous() for t in (u, delta, B, C))
             ctx.save_for_backward(u, delta, A, B, C)
             y, H = scan_parallel(u, delta, A, B, C)
             return y, H[-1].clone()

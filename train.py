@@ -224,11 +224,15 @@ class Optimizers:
         return [o.state_dict() for o in self.opts]
 
     def load_state_dict(self, states):
+        """Each optimizer's state from the checkpoint, keeping its own kernel (fused on CUDA, see make_optimizer):
+        the checkpoint's flags would replace it, e.g. run a CPU-trained run's unfused loop on the GPU it resumes on."""
         states = [states] if isinstance(states, dict) else states  # checkpoints from before --optimizer
         if len(states) != len(self.opts):
             raise ValueError(f"the checkpoint holds {len(states)} optimizer states, this run has {len(self.opts)}")
-        for o, s in zip(self.opts, states):
-            o.load_state_dict(s)
+        kernel = ("fused", "foreach", "capturable")
+        for o, state in zip(self.opts, states):
+            groups = [g | {k: new[k] for k in kernel if k in new} for g, new in zip(state["param_groups"], o.param_groups)]
+            o.load_state_dict(state | {"param_groups": groups})
 
 
 def make_optimizer(model, train, device):
@@ -347,14 +351,6 @@ def set_rng_state(state, device):
         torch.cuda.set_rng_state(state["cuda_rng"], device)
 
 
-def load_optimizer_state(opt, state):
-    """opt.load_state_dict(state), keeping opt's own kernel (fused on CUDA, see build): the checkpoint's flags
-    would replace it, e.g. run a CPU-trained run's unfused loop on the GPU it is resumed on."""
-    kernel = ("fused", "foreach", "capturable")
-    groups = [g | {k: new[k] for k in kernel if k in new} for g, new in zip(state["param_groups"], opt.param_groups)]
-    opt.load_state_dict(state | {"param_groups": groups})
-
-
 class CompiledOrEager:
     """torch.compile(net), or net itself from the first time compiling fails, with one line saying so. Dynamo
     compiles again at each new mode (training, evaluation), batch size and length, and builds the backward
@@ -470,7 +466,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
     chunk = chunk_state = None  # the batches drawn together, and the generator state before them
     if resume_state is not None:
         model.load_state_dict(resume_state["model"])
-        load_optimizer_state(opt, resume_state["optimizer"])
+        opt.load_state_dict(resume_state["optimizer"])
         set_rng_state(resume_state, device)
         it, elapsed, history = resume_state["iter"], resume_state["elapsed"], resume_state["history"]
         try:

@@ -210,7 +210,7 @@ def test_a_resumed_optimizer_keeps_its_own_kernel():
     model(torch.randn(2, 4)).sum().backward()
     before.step()
     fused = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    train.load_optimizer_state(fused, before.state_dict())
+    train.Optimizers(fused).load_state_dict(before.state_dict())
     assert fused.param_groups[0]["fused"] is True
     assert torch.equal(fused.state[model.weight]["exp_avg"], before.state[model.weight]["exp_avg"])
     fused.step()  # the fused kernel accepts the state it was given

@@ -292,3 +292,20 @@ def test_trains_through_train_py(tmp_path, monkeypatch):
                      "--max_iters", "3", "--log_interval", "3", "--eval_interval", "3", "--eval_samples", "20",
                      "--eval_samples_during", "20", "--out_dir", str(tmp_path)])
     assert rc == 0 and (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("mode", SCAN_MODES)
+def test_scan_backward_runs_in_float32_under_autocast_and_compile(mode):
+    # the backward's matmuls must not be cast to bf16, whether it runs inside an autocast region or is traced
+    x = scan_inputs(2, 4, 3, 9, torch.float32)
+    f = lambda **k: selective_scan(**k, delta_softplus=True, mode=mode).sum()
+    grads = []
+    for fn, ctx in ((f, torch.autocast("cpu", enabled=False)), (f, torch.autocast("cpu", dtype=torch.bfloat16)),
+                    (torch.compile(f, backend="aot_eager"), torch.autocast("cpu", dtype=torch.bfloat16))):
+        xx = {k: v.clone().requires_grad_() for k, v in x.items()}
+        with ctx:
+            fn(**xx).backward()
+        grads.append([xx[k].grad for k in NAMES])
+    for g in grads[1:]:
+        for k, a, b in zip(NAMES, g, grads[0]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=k)
