@@ -27,9 +27,11 @@ run's trajectory. Rank 0 alone logs, evaluates and writes the checkpoint and res
 """
 import argparse
 import builtins
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, fields
 import difflib
+import errno
+import glob
 import inspect
 import json
 import math
@@ -66,6 +68,8 @@ TRAIN = {  # name: (default, help); presets and flags override
     "dtype": ("auto", "auto (bfloat16 autocast on CUDA, else float32) | float32 | bfloat16"),
     "compile": (False, "torch.compile the model (falls back to eager if compilation fails)"),
     "max_iters": (2000, "training steps"),
+    "lr_decay_iters": (0, "steps of the cosine decay, then the final rate (0 = --max_iters); a checkpoint keeps "
+                          "it, so `--resume --max_iters N` runs on at the final rate"),
     "batch_size": (64, "sequences per step (fresh every step)"),
     "data_device": ("auto", "where training batches are drawn: auto (on the GPU when training on CUDA, else the CPU) "
                             "| cpu | device (the training device)"),
@@ -87,6 +91,7 @@ TRAIN = {  # name: (default, help); presets and flags override
     "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at log-spaced steps"),
     "stop_at": ("", "stop once a held-out evaluation reaches this, e.g. mae_curve<=0.01 or accuracy>=0.99"),
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
+    "overwrite": (False, "replace the run in --out_dir (its ckpt.pt, snapshots, results.json and eval.json)"),
     "eval_only": (False, "evaluate the checkpoint in --out_dir and write eval.json"),
 }
 CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "ckpt_schedule": ("last", "eval", "log"),
@@ -101,14 +106,33 @@ RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "l
 
 class Parser(argparse.ArgumentParser):
     """One-line errors (exit code 2) with a did-you-mean hint, instead of the usage block."""
+    elsewhere = {}  # flag -> the tasks/models that have it, for a flag of another task or model
 
     def error(self, message):
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
+            flag = m.group(1).split("=")[0]
             known = [o for a in self._actions for o in a.option_strings]
-            close = difflib.get_close_matches(m.group(1).split("=")[0], known, n=3)
-            message += f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)"
+            close = difflib.get_close_matches(flag, known, n=3)
+            if flag in self.elsewhere:
+                message += f" ({flag} is an option of {self.elsewhere[flag]} only)"
+            else:
+                message += f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)"
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(join_negative(sys.argv[1:] if args is None else args), namespace)
+
+
+def join_negative(argv):
+    """'--lr -1e-3' -> '--lr=-1e-3': argparse reads a negative number in exponent form as a flag."""
+    out = []
+    for a in argv:
+        if out and re.fullmatch(r"--\w+", out[-1]) and re.fullmatch(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf", a, re.I):
+            out[-1] += "=" + a
+        else:
+            out.append(a)
+    return out
 
 
 def str2bool(s):
@@ -137,12 +161,22 @@ def add_flag(group, name, default, help, ftype=None):
 
 def parse_args(argv):
     pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
-    pre.add_argument("--task", default="recall", choices=list(TASKS))
-    pre.add_argument("--model", default="transformer", choices=list(MODELS))
-    pre.add_argument("--preset", default="quick", choices=list(PRESETS))
+    pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
+    pre.add_argument("--model", choices=list(MODELS), help="(default transformer)")
+    pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
     known, _ = pre.parse_known_args(argv)
+    known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
+    for k, v in dict(task="recall", model="transformer", preset="quick").items():
+        setattr(known, k, getattr(known, k) or v)
     p = Parser(prog="train.py", description=__doc__.split("\n\n")[0].strip(), parents=[pre], allow_abbrev=False,
                epilog="Task and model flags depend on --task and --model: see `--task hmm --help`.")
+    owners = {}
+    for kind, table in (("task", TASKS), ("model", {k: c for k, (c, _) in MODELS.items()})):
+        for name, cls in table.items():
+            for f in fields(cls):
+                if f.name not in IO_FIELDS:
+                    owners.setdefault(f"--{f.name}", []).append(f"--{kind} {name}")
+    p.elsewhere = {k: ", ".join(v) for k, v in owners.items()}
     g = p.add_argument_group("training")
     for name, (default, help) in TRAIN.items():
         add_flag(g, name, default, help)
@@ -166,6 +200,7 @@ def build_config(task, model, preset, given):
     for k, v in given.items():
         (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
+    train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
 
 # -----------------------------------------------------------------------------
@@ -181,6 +216,7 @@ def build(cfg, device):
     if train["max_iters"] < 0 or train["data_chunk"] < 0:
         raise ValueError(f"--max_iters and --data_chunk must be >= 0, "
                          f"got {train['max_iters']} and {train['data_chunk']}")
+    check_recipe(train)
     task = make_task(cfg["task"], **cfg["task_opts"])
     eval_tasks = {"default": task}
     for K in train["eval_K"]:
@@ -209,19 +245,92 @@ def build(cfg, device):
     return task, eval_tasks, model, opt, asdict(config)
 
 
+def check_recipe(train):
+    """Optimiser settings that would train silently on nonsense (a negative rate, say) are refused."""
+    for k in ("lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "grad_clip"):
+        if not math.isfinite(train[k]):
+            raise ValueError(f"--{k} must be a finite number, got {train[k]}")
+    for k, ok, want in (("lr", train["lr"] > 0, "> 0"), ("min_lr_ratio", 0 <= train["min_lr_ratio"] <= 1, "in [0, 1]"),
+                        ("weight_decay", train["weight_decay"] >= 0, ">= 0"), ("beta1", 0 <= train["beta1"] < 1, "in [0, 1)"),
+                        ("beta2", 0 <= train["beta2"] < 1, "in [0, 1)"), ("grad_clip", train["grad_clip"] >= 0, ">= 0 (0 = off)"),
+                        ("warmup_iters", train["warmup_iters"] >= 0, ">= 0"),
+                        ("lr_decay_iters", train["lr_decay_iters"] >= 0, ">= 0 (0 = --max_iters)")):
+        if not ok:
+            raise ValueError(f"--{k} must be {want}, got {train[k]}")
+
+
+def get_lr(it, train):
+    """Linear warmup to --lr, cosine down to min_lr_ratio * lr at lr_decay_iters, then flat."""
+    w, T = train["warmup_iters"], train["lr_decay_iters"] or train["max_iters"]
+    if it < w:
+        return train["lr"] * (it + 1) / (w + 1)
+    decay = 0.5 * (1 + math.cos(math.pi * min(1.0, (it - w) / max(1, T - w))))
+    return train["lr"] * (train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
+
+
 def load_checkpoint(path):
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {path} (train first, or pass the run's --out_dir)")
+    # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
+    bad = ValueError(f"{path}: not a readable train.py checkpoint (truncated or corrupt?)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated file, not a torch file, or something that would need to run code
-        raise ValueError(f"cannot load checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # truncated, not a torch file, or something that would need to run code
+        raise bad from None
+    if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
+        raise bad
+    return state
+
+
+def write_file(path, write):
+    """write(tmp) to a temporary name beside path, then rename it over path: a crash, Ctrl-C or full disk
+    mid-write leaves the previous file whole and no partial file behind."""
+    tmp = path + ".tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, RuntimeError) and re.search(r"writ", str(e)):  # torch.save's writer on a full disk
+            raise OSError(errno.EIO, f"cannot write {path}: {str(e).splitlines()[0]}") from None
+        raise
+
+
+def write_text(path, text):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    write_file(path, write)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=1))
 
 
 def save_checkpoint(path, state):
-    tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # never leave a half-written ckpt.pt behind
+    write_file(path, lambda tmp: torch.save(state, tmp))
+
+
+def check_out_dir(path, flag="--out_dir"):
+    """Create the folder (and its parents) or say in one line why it cannot be used."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot create it ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: not writable")
+
+
+def check_device(name):
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
+
+
+def run_files(out_dir):
+    """What a run writes to its folder: another run there would mix with it."""
+    names = [os.path.join(out_dir, f) for f in ("ckpt.pt", "results.json", "eval.json")]
+    return [p for p in names if os.path.exists(p)] + sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
 
 
 def code_version():
@@ -323,18 +432,40 @@ def fmt_time(s):
     return f"{int(s // 60)}m{int(s % 60):02d}s"
 
 
+def is_oom(e):
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or \
+        isinstance(e, RuntimeError) and re.search(r"out of memory|can't allocate memory", str(e)) is not None
+
+
 def run(cfg, resume_state=None, eval_only=False):
     train = cfg["train"]
+    check_device(train["device"])
     device = pick_device(train["device"], int(os.environ.get("LOCAL_RANK", 0)) if "WORLD_SIZE" in os.environ else None)
     rank, world = init_distributed(train, device)
+    out_dir = train["out_dir"]
+    # what a fault leaves behind, kept up to date by the loop for the one line that reports it
+    progress = dict(step=resume_state["iter"] if resume_state else 0, created=not os.path.exists(out_dir),
+                    kept=f"{os.path.join(out_dir, 'ckpt.pt')} (step {resume_state['iter']})" if resume_state else None)
     try:
-        return train_loop(cfg, device, rank, world, resume_state, eval_only)
+        return train_loop(cfg, device, rank, world, resume_state, eval_only, progress)
+    except BaseException as e:
+        if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
+            raise
+        what = ("interrupted" if isinstance(e, KeyboardInterrupt) else
+                "out of memory (try a smaller --batch_size or model)" if is_oom(e) else
+                f"cannot write {e.filename or ''}: {e.strerror or e}".replace("write : ", "write: "))
+        kept = f"kept {progress['kept']}" if progress["kept"] else "no checkpoint was saved"
+        if progress["created"] and os.path.isdir(out_dir) and not os.listdir(out_dir):
+            os.rmdir(out_dir)  # a run that left nothing leaves no empty folder either
+        if rank == 0:
+            builtins.print(f"train.py: error: {what} at step {progress['step']}; {kept}", file=sys.stderr)
+        return 2
     finally:
         if world > 1:
             dist.destroy_process_group()
 
 
-def train_loop(cfg, device, rank, world, resume_state, eval_only):
+def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
     train, master = cfg["train"], rank == 0
     print = builtins.print if master else (lambda *a, **k: None)  # rank 0 speaks for the run
     torch.manual_seed(train["seed"])
@@ -342,7 +473,11 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
     stop = parse_stop(train["stop_at"], task)
     use_bf16, ctx = autocast(train["dtype"], device)
     out_dir = train["out_dir"]
-    os.makedirs(out_dir, exist_ok=True)
+    check_out_dir(out_dir)
+    if train["overwrite"] and resume_state is None and master:  # asked for: the old run's files go, snapshots too
+        for f in ["ckpt.pt", "results.json", "eval.json"] + [os.path.basename(p) for p in run_files(out_dir)]:
+            with suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, f))
     it, elapsed, history = 0, 0.0, []
     gen, n_chunk = data_source(train, device)
     chunk = chunk_state = None  # the batches drawn together, and the generator state before them
@@ -389,13 +524,12 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
 
     t_start = time.time()
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    last_good = lambda: progress["kept"] or "none was saved yet"
     snapshots = set(log_spaced(train["max_iters"])) if train["ckpt_schedule"] == "log" else set()
     t_log, it_log = time.time(), it
     while it < train["max_iters"] and not eval_only:
         # warmup, then cosine from lr down to min_lr_ratio * lr
-        w, T = train["warmup_iters"], train["max_iters"]
-        decay = 0.5 * (1 + math.cos(math.pi * min(1.0, (it - w) / max(1, T - w))))
-        lr = train["lr"] * ((it + 1) / (w + 1) if it < w else train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
+        T, lr = train["max_iters"], get_lr(it, train)
         for group in opt.param_groups:
             group["lr"] = lr
         batch = next_batch()  # every rank draws the same global batch...
@@ -415,6 +549,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
             torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
         opt.step()
         it += 1
+        progress["step"] = it
         if it % train["log_interval"] == 0 or it == T:
             lossf = loss.detach()
             if world > 1:  # the global batch's loss, the same on every rank (so all stop together on a NaN)
@@ -422,8 +557,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
                 lossf = lossf / world
             lossf = lossf.item()  # the only host sync between log lines
             if not math.isfinite(lossf):
-                last = f"{ckpt_path} (step {history[-1]['iter']})" if history else "none was saved yet"
-                print(f"loss is {lossf} at step {it}: stopping; last good checkpoint: {last}", file=sys.stderr)
+                print(f"loss is {lossf} at step {it}: stopping; last good checkpoint: {last_good()}", file=sys.stderr)
                 return 1
             m = Metrics()
             m.update(task, batch.to("cpu"), out.float())
@@ -437,16 +571,20 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
         if not (at_eval or it in snapshots):
             continue
         verdict = 0  # rank 0's: 0 go on, 1 the --stop_at target is reached, 2 the parameters are not finite
-        if master and not all(torch.isfinite(p).all() for p in model.parameters()):
-            print(f"parameters are not finite at step {it}: stopping; last good checkpoint: {ckpt_path}", file=sys.stderr)
+        finite = master and all(torch.isfinite(p).all() for p in model.parameters())
+        r = evaluate(eval_fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx) \
+            if finite and at_eval else None
+        if master and not (finite and (r is None or all(math.isfinite(v) for v in r.values() if isinstance(v, float)))):
+            what = "parameters are" if r is None else "held-out metrics are"
+            print(f"{what} not finite at step {it}: stopping; last good checkpoint: {last_good()}", file=sys.stderr)
             verdict = 2
         elif master:
             if at_eval:
-                r = evaluate(eval_fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx)
                 history.append(dict(iter=it, loss=loss.item(), time=elapsed + time.time() - t_start,
                                     **{k: v for k, v in r.items() if not k.startswith("curve")}))
                 print(f"eval step {it}: {summary(r)}")
                 save_checkpoint(ckpt_path, state())
+                progress["kept"] = f"{ckpt_path} (step {it})"  # finite parameters and metrics: a good one
                 verdict = int(stop is not None and stop(r))
             if train["ckpt_schedule"] == "eval" and at_eval or it in snapshots:
                 save_checkpoint(os.path.join(out_dir, f"ckpt_{it:07d}.pt"), state())
@@ -473,8 +611,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
                    wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
                    torch_version=torch.__version__)
     name = "eval.json" if eval_only else "results.json"
-    with open(os.path.join(out_dir, name), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(os.path.join(out_dir, name), results)
     print(f"wrote {os.path.join(out_dir, name)} | wall time {fmt_time(wall)}")
     return 0
 
@@ -485,12 +622,22 @@ def main(argv=None):
     try:
         resume_state = None
         if given.get("resume") or given.get("eval_only"):
+            if given.get("overwrite"):
+                raise ValueError("--overwrite starts a new run; it cannot go with --resume or --eval_only")
             out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{known.model}")
             resume_state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
             cfg = resume_state["config"]
+            for k, v in known.explicit.items():
+                if cfg.get(k) != v:
+                    raise ValueError(f"--{k} {v} differs from the checkpoint's ({cfg.get(k)}) in {out_dir}; "
+                                     f"drop --{k}, or pass the --out_dir of a {v} run")
             cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
-            if "block_size" in resume_state["model_config"]:  # the trained position table fixes the context
-                cfg["model_opts"]["block_size"] = resume_state["model_config"]["block_size"]
+            cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # the run's own
+            mc = resume_state["model_config"]
+            if "block_size" in mc and mc.get("pos", "learned") == "learned":  # the trained position table fixes the context
+                cfg["model_opts"]["block_size"] = mc["block_size"]
+            else:  # no position table: any length
+                cfg["model_opts"].pop("block_size", None)
             for k, v in given.items():
                 if k in ("resume", "eval_only"):
                     continue
@@ -501,9 +648,16 @@ def main(argv=None):
                     cfg["train"][k] = v
             cfg["train"]["out_dir"] = out_dir
             return run(cfg, resume_state, eval_only=bool(given.get("eval_only")))
-        return run(build_config(known.task, known.model, known.preset, given))
+        cfg = build_config(known.task, known.model, known.preset, given)
+        out_dir = cfg["train"]["out_dir"]
+        if not cfg["train"]["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
+            raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
+                             f"(and its snapshots), or another --out_dir")
+        return run(cfg)
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except KeyboardInterrupt:  # before the run started: nothing was written
+        parser.exit(2, f"{parser.prog}: error: interrupted before training started; nothing was written\n")
 
 
 if __name__ == "__main__":
