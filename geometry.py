@@ -40,7 +40,6 @@ runs on every model. A diagnostic that does not apply, or a missing checkpoint: 
 """
 from functools import partial
 import glob
-import json
 import math
 import os
 import sys
@@ -51,7 +50,7 @@ from einops import rearrange
 
 from oracles import Metrics, entropy_bits, oracle
 from tasks import make_task
-from train import MODELS, Parser, load_checkpoint
+from train import MODELS, Parser, load_checkpoint, write_file, write_json
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters")  # the order of `all`
 ATTENTION = ("transformer",)  # models with softmax attention: queries, keys, attention maps
@@ -288,7 +287,8 @@ def manifold(model, task, batch, state, args, by_state=False):
 
 def entropy_mae(model, task, batch, **kw):
     m = Metrics()
-    m.update(task, batch, model(batch.x, **kw))
+    x = batch.x.double() if batch.x.is_floating_point() else batch.x  # the model is float64 (regression's inputs are real)
+    m.update(task, batch, model(x, **kw))
     return {k: v for k, v in m.result(task).items() if not k.startswith("curve") and k != "n_sequences"}
 
 
@@ -432,11 +432,10 @@ def main(argv=None):
             base = os.path.join(os.path.dirname(path), f"geometry_{n}" + ("" if stem == "ckpt" else f"_{stem}"))
             head = dict(diagnostic=n, ckpt=path, task=cfg["task"], model=cfg["model"], iter=state["iter"],
                         n_seq=args.n_seq, seed=seed)
-            with open(base + ".json", "w") as f:
-                json.dump(to_json(head | r), f, indent=1)
+            write_json(base + ".json", to_json(head | r))
             if plt is not None:
                 fig = draw(plt)
-                fig.savefig(base + ".png", dpi=90)
+                write_file(base + ".png", lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
                 plt.close(fig)
             print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))
     except ValueError as e:

@@ -287,6 +287,7 @@ def write_file(path, write):
     mid-write leaves the previous file whole and no partial file behind."""
     tmp = path + ".tmp"
     try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         write(tmp)
         os.replace(tmp, path)
     except BaseException as e:
@@ -313,13 +314,14 @@ def save_checkpoint(path, state):
 
 
 def check_out_dir(path, flag="--out_dir"):
-    """Create the folder (and its parents) or say in one line why it cannot be used."""
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{flag} {path}: cannot create it ({e.strerror or e})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: not writable")
+    """Before any work: say in one line why files cannot be written under path (creates nothing)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):  # the folder that would hold the new ones
+        p = os.path.dirname(p)
+    if not os.path.isdir(p):
+        raise ValueError(f"{flag} {path}: cannot write there ({p} is a file)")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write there ({p} is not writable)")
 
 
 def check_device(name):
@@ -474,6 +476,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
     use_bf16, ctx = autocast(train["dtype"], device)
     out_dir = train["out_dir"]
     check_out_dir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
     if train["overwrite"] and resume_state is None and master:  # asked for: the old run's files go, snapshots too
         for f in ["ckpt.pt", "results.json", "eval.json"] + [os.path.basename(p) for p in run_files(out_dir)]:
             with suppress(FileNotFoundError):

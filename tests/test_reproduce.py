@@ -84,3 +84,19 @@ def test_bad_input_is_a_one_line_error_before_anything_runs(tmp_path, capsys, ar
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expect in err, err
     assert not (tmp_path / "out").exists() and not (tmp_path / "res").exists()
+
+
+def test_the_table_goes_beside_the_cells_unless_told_to_write_results(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the defaults are relative: out/reproduce
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only"]) == 0
+    assert (tmp_path / "out" / "reproduce" / "tiny" / "table.md").exists() and not (tmp_path / "results").exists()
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only", "--results", "results"]) == 0
+    assert (tmp_path / "results" / "table.md").exists()
+
+
+def test_unusable_results_is_a_one_line_error_before_any_cell_runs(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert run(["--preset", "tiny", "--out", str(tmp_path / "o"), "--results", str(tmp_path / "f" / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--results" in err and "is a file" in err, err
+    assert not (tmp_path / "o").exists()

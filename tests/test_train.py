@@ -339,7 +339,7 @@ def test_unusable_out_dir_is_a_one_line_error(tmp_path, capsys, where):
     out = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
     assert run_main(TINY + ["--max_iters", "2", "--out_dir", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"--out_dir {out}: cannot create it" in err, err
+    assert len(err.splitlines()) == 1 and f"--out_dir {out}: cannot write there ({tmp_path / 'f'} is a file)" in err, err
 
 
 def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
