@@ -622,4 +622,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    train.cli(main, "conditioning.py", "the experiments already written are kept")

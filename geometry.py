@@ -50,7 +50,7 @@ from einops import rearrange
 
 from oracles import Metrics, entropy_bits, oracle
 from tasks import make_task
-from train import MODELS, Parser, load_checkpoint, write_file, write_json
+from train import MODELS, Parser, cli, load_checkpoint, write_file, write_json
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters")  # the order of `all`
 ATTENTION = ("transformer",)  # models with softmax attention: queries, keys, attention maps
@@ -444,4 +444,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli(main, "geometry.py", "the diagnostics already written are kept")

@@ -95,6 +95,8 @@ def run_in_process(argv, log):
             return train.main(argv)
         except SystemExit as e:
             return e.code
+        except KeyboardInterrupt:  # train.py said what it kept, in the log: say it here, and stop the sweep
+            raise KeyboardInterrupt from None
         except Exception:  # a crashed cell must not stop the sweep
             traceback.print_exc()
             return 1
@@ -295,4 +297,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    train.cli(main, "reproduce.py", "finished cells are kept and a rerun resumes the others")

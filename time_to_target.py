@@ -120,4 +120,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    train.cli(main, "time_to_target.py", "each run keeps its last checkpoint")

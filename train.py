@@ -4,6 +4,7 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
     python train.py --task recall --model transformer           # quick CPU defaults
     python train.py --task hmm --model transformer --preset paper   # the paper's sizes (GPU)
     python train.py --task bijection --resume                    # continue out/bijection_transformer
+    python train.py --task bijection --overwrite                 # replace it with a new run
     python train.py --task bijection --eval_only                 # re-evaluate its checkpoint
 
 Settings come from three layers: the defaults in TRAIN and in each task/model dataclass, then
@@ -461,6 +462,9 @@ def run(cfg, resume_state=None, eval_only=False):
             os.rmdir(out_dir)  # a run that left nothing leaves no empty folder either
         if rank == 0:
             builtins.print(f"train.py: error: {what} at step {progress['step']}; {kept}", file=sys.stderr)
+        if isinstance(e, KeyboardInterrupt):  # said; a caller's sweep stops too (cli() makes it exit code 2)
+            e.reported = True
+            raise
         return 2
     finally:
         if world > 1:
@@ -477,6 +481,8 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
     out_dir = train["out_dir"]
     check_out_dir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    for tmp in glob.glob(os.path.join(out_dir, "*.tmp")) if master else []:
+        os.remove(tmp)  # left by a write that was killed (kill -9): the file it was replacing is whole
     if train["overwrite"] and resume_state is None and master:  # asked for: the old run's files go, snapshots too
         for f in ["ckpt.pt", "results.json", "eval.json"] + [os.path.basename(p) for p in run_files(out_dir)]:
             with suppress(FileNotFoundError):
@@ -659,9 +665,17 @@ def main(argv=None):
         return run(cfg)
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    except KeyboardInterrupt:  # before the run started: nothing was written
-        parser.exit(2, f"{parser.prog}: error: interrupted before training started; nothing was written\n")
+
+
+def cli(main, prog, kept):
+    """A script's main() from the shell: Ctrl-C ends it with one line (what was kept) and exit code 2."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        if not getattr(e, "reported", False):
+            print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli(main, "train.py", "nothing was written (training had not started)")

@@ -316,8 +316,14 @@ def test_faults_during_a_run_are_one_line_and_keep_the_last_checkpoint(tmp_path,
 
     monkeypatch.setattr(torch, "save", full_disk) if fault == "disk_full" else \
         monkeypatch.setattr(tasks.Bijection, "sample", sample)
+    (tmp_path / "ckpt.pt.tmp").write_bytes(b"left by a kill -9")  # removed when the run starts
     capsys.readouterr()
-    assert run_main(["--task", "bijection", "--resume", "--max_iters", "8", "--out_dir", str(tmp_path)]) == 2
+    argv = ["--task", "bijection", "--resume", "--max_iters", "8", "--out_dir", str(tmp_path)]
+    if fault == "ctrl_c":  # said, then raised on, so that a sweep calling main() stops too
+        with pytest.raises(KeyboardInterrupt):
+            run_main(argv)
+    else:
+        assert run_main(argv) == 2
     err = capsys.readouterr().err.strip()
     want = dict(disk_full="cannot write", out_of_memory="out of memory", ctrl_c="interrupted")[fault]
     assert len(err.splitlines()) == 1 and want in err and f"kept {tmp_path / 'ckpt.pt'} (step 4)" in err, err
@@ -357,3 +363,12 @@ def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
     assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "interrupted at step" in err and f"kept {tmp_path / 'ckpt.pt'} (step" in err
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_ctrl_c_outside_a_run_is_one_line_and_exit_2(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        train.cli(interrupted, "x.py", "nothing was written")
+    assert e.value.code == 2 and capsys.readouterr().err == "x.py: error: interrupted; nothing was written\n"
