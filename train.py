@@ -294,8 +294,10 @@ def write_file(path, write):
     except BaseException as e:
         with suppress(OSError):
             os.remove(tmp)
-        if isinstance(e, RuntimeError) and re.search(r"writ", str(e)):  # torch.save's writer on a full disk
-            raise OSError(errno.EIO, f"cannot write {path}: {str(e).splitlines()[0]}") from None
+        if isinstance(e, RuntimeError) and "writ" in str(e):  # torch.save's writer on a full disk
+            e = OSError(errno.EIO, str(e).splitlines()[0])
+        if isinstance(e, OSError) and not e.filename:  # the one-line report names the file
+            raise OSError(e.errno, e.strerror, path) from None
         raise
 
 
@@ -456,7 +458,7 @@ def run(cfg, resume_state=None, eval_only=False):
             raise
         what = ("interrupted" if isinstance(e, KeyboardInterrupt) else
                 "out of memory (try a smaller --batch_size or model)" if is_oom(e) else
-                f"cannot write {e.filename or ''}: {e.strerror or e}".replace("write : ", "write: "))
+                f"{e.filename}: {e.strerror}" if e.filename else str(e))
         kept = f"kept {progress['kept']}" if progress["kept"] else "no checkpoint was saved"
         if progress["created"] and os.path.isdir(out_dir) and not os.listdir(out_dir):
             os.rmdir(out_dir)  # a run that left nothing leaves no empty folder either
@@ -480,6 +482,9 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
     use_bf16, ctx = autocast(train["dtype"], device)
     out_dir = train["out_dir"]
     check_out_dir(out_dir)
+    if resume_state is None and not train["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
+        raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
+                         f"(and its snapshots), or another --out_dir")
     os.makedirs(out_dir, exist_ok=True)
     for tmp in glob.glob(os.path.join(out_dir, "*.tmp")) if master else []:
         os.remove(tmp)  # left by a write that was killed (kill -9): the file it was replacing is whole
@@ -579,7 +584,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
         at_eval = it % train["eval_interval"] == 0 or it == T
         if not (at_eval or it in snapshots):
             continue
-        verdict = 0  # rank 0's: 0 go on, 1 the --stop_at target is reached, 2 the parameters are not finite
+        verdict = 0  # rank 0's: 0 go on, 1 the --stop_at target is reached, 2 parameters or metrics are not finite
         finite = master and all(torch.isfinite(p).all() for p in model.parameters())
         r = evaluate(eval_fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx) \
             if finite and at_eval else None
@@ -657,12 +662,7 @@ def main(argv=None):
                     cfg["train"][k] = v
             cfg["train"]["out_dir"] = out_dir
             return run(cfg, resume_state, eval_only=bool(given.get("eval_only")))
-        cfg = build_config(known.task, known.model, known.preset, given)
-        out_dir = cfg["train"]["out_dir"]
-        if not cfg["train"]["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
-            raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
-                             f"(and its snapshots), or another --out_dir")
-        return run(cfg)
+        return run(build_config(known.task, known.model, known.preset, given))
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
 

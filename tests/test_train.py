@@ -294,8 +294,9 @@ def test_write_file_keeps_the_old_file_when_a_write_fails(tmp_path):
         open(tmp, "w").write('{"a": ')
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="No space left on device") as e:
         train.write_file(path, half)
+    assert e.value.filename == path  # named in the one-line report
     assert json.load(open(path)) == {"a": 1} and os.listdir(tmp_path) == ["r.json"]
 
 
@@ -325,7 +326,7 @@ def test_faults_during_a_run_are_one_line_and_keep_the_last_checkpoint(tmp_path,
     else:
         assert run_main(argv) == 2
     err = capsys.readouterr().err.strip()
-    want = dict(disk_full="cannot write", out_of_memory="out of memory", ctrl_c="interrupted")[fault]
+    want = dict(disk_full="ckpt.pt: [enforce fail", out_of_memory="out of memory", ctrl_c="interrupted")[fault]
     assert len(err.splitlines()) == 1 and want in err and f"kept {tmp_path / 'ckpt.pt'} (step 4)" in err, err
     assert (tmp_path / "ckpt.pt").read_bytes() == good and sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]
     monkeypatch.setattr(torch, "save", real_save)
