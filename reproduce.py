@@ -95,8 +95,6 @@ def run_in_process(argv, log):
             return train.main(argv)
         except SystemExit as e:
             return e.code
-        except KeyboardInterrupt:  # train.py said what it kept, in the log: say it here, and stop the sweep
-            raise KeyboardInterrupt from None
         except Exception:  # a crashed cell must not stop the sweep
             traceback.print_exc()
             return 1

@@ -447,10 +447,12 @@ def run(cfg, resume_state=None, eval_only=False):
     check_device(train["device"])
     device = pick_device(train["device"], int(os.environ.get("LOCAL_RANK", 0)) if "WORLD_SIZE" in os.environ else None)
     rank, world = init_distributed(train, device)
-    out_dir = train["out_dir"]
+    out_dir = new = os.path.abspath(train["out_dir"])
+    while not os.path.exists(os.path.dirname(new)):  # the outermost folder this run will create
+        new = os.path.dirname(new)
     # what a fault leaves behind, kept up to date by the loop for the one line that reports it
-    progress = dict(step=resume_state["iter"] if resume_state else 0, created=not os.path.exists(out_dir),
-                    kept=f"{os.path.join(out_dir, 'ckpt.pt')} (step {resume_state['iter']})" if resume_state else None)
+    progress = dict(step=resume_state["iter"] if resume_state else 0, created=None if os.path.exists(new) else new,
+                    kept=f"{os.path.join(train['out_dir'], 'ckpt.pt')} (step {resume_state['iter']})" if resume_state else None)
     try:
         return train_loop(cfg, device, rank, world, resume_state, eval_only, progress)
     except BaseException as e:
@@ -460,12 +462,14 @@ def run(cfg, resume_state=None, eval_only=False):
                 "out of memory (try a smaller --batch_size or model)" if is_oom(e) else
                 f"{e.filename}: {e.strerror}" if e.filename else str(e))
         kept = f"kept {progress['kept']}" if progress["kept"] else "no checkpoint was saved"
-        if progress["created"] and os.path.isdir(out_dir) and not os.listdir(out_dir):
-            os.rmdir(out_dir)  # a run that left nothing leaves no empty folder either
+        p = out_dir  # a run that left nothing leaves no empty folders either
+        while progress["created"] and p.startswith(progress["created"]) and os.path.isdir(p) and not os.listdir(p):
+            os.rmdir(p)
+            p = os.path.dirname(p)
         if rank == 0:
             builtins.print(f"train.py: error: {what} at step {progress['step']}; {kept}", file=sys.stderr)
-        if isinstance(e, KeyboardInterrupt):  # said; a caller's sweep stops too (cli() makes it exit code 2)
-            e.reported = True
+        if isinstance(e, KeyboardInterrupt):  # a caller's sweep stops too; cli() makes it exit code 2
+            e.reported_to = sys.stderr  # a sweep that sent it to a log file still says it on the console
             raise
         return 2
     finally:
@@ -672,7 +676,7 @@ def cli(main, prog, kept):
     try:
         sys.exit(main())
     except KeyboardInterrupt as e:
-        if not getattr(e, "reported", False):
+        if getattr(e, "reported_to", None) is not sys.stderr:
             print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
         sys.exit(2)
 
