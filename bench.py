@@ -144,7 +144,7 @@ def main(argv=None):
         bad = [x for x in given if x not in valid]
         if bad:
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
-    if args.threads < 1 or args.reps < 1 or args.peak_n < 1 or args.warmup < 0 or args.batch_size < 0 or args.data_chunk < 0:
+    if min(args.threads, args.reps, args.peak_n) < 1 or min(args.warmup, args.batch_size, args.data_chunk) < 0:
         p.error("--threads, --reps and --peak_n must be >= 1, --warmup, --batch_size and --data_chunk >= 0")
     try:
         train.check_device(args.device)

@@ -287,7 +287,7 @@ def manifold(model, task, batch, state, args, by_state=False):
 
 def entropy_mae(model, task, batch, **kw):
     m = Metrics()
-    x = batch.x.double() if batch.x.is_floating_point() else batch.x  # the model is float64 (regression's inputs are real)
+    x = batch.x.double() if batch.x.is_floating_point() else batch.x  # real inputs (regression) meet a float64 model
     m.update(task, batch, model(x, **kw))
     return {k: v for k, v in m.result(task).items() if not k.startswith("curve") and k != "n_sequences"}
 

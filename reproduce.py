@@ -18,11 +18,11 @@ subprocess that sees one GPU (CUDA_VISIBLE_DEVICES). Model sizes come from train
 in the paper preset the MLP is matched, the LSTM is the authors' unmatched one). `tiny` is a
 preset of a few steps at toy sizes, for tests.
 
-Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) with, per task, each model's entropy MAE in both conventions, KL,
-accuracy, parameters and training time beside the paper's numbers,
-and per task a figure of per-position model entropy against the oracle's for every model
-(entropy_<task>.png; needs matplotlib, without it the table still comes out). Only `--results results`
-writes the committed results/, so a partial sweep never replaces the committed table.
+Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) with, per task, each
+model's entropy MAE in both conventions, KL, accuracy, parameters and training time beside the
+paper's numbers, and per task a figure of per-position model entropy against the oracle's for
+every model (entropy_<task>.png; needs matplotlib, without it the table still comes out). Only
+`--results results` writes the committed results/, so a partial sweep never replaces that table.
 """
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields

@@ -202,7 +202,8 @@ def test_missing_checkpoint_from_the_shell(tmp_path):
 
 
 def test_ablate_on_a_regression_checkpoint(tmp_path):
-    argv = ["--task", "regression", "--K", "4", "--d", "2", "--n_head", "2", "--n_embd", "16", "--out_dir", str(tmp_path)]
+    argv = ["--task", "regression", "--K", "4", "--d", "2", "--n_head", "2", "--n_embd", "16",
+            "--out_dir", str(tmp_path)]
     assert train.main(argv + SMALL) == 0
     assert geometry_main(["all", "--ckpt", str(tmp_path), "--n_seq", "8", "--no_plot"]) == 0
     assert read(str(tmp_path), "ablate")["ablations"][0]["ablation"] == "skip L0"

@@ -94,7 +94,8 @@ def test_the_table_goes_beside_the_cells_unless_told_to_write_results(tmp_path, 
     monkeypatch.chdir(tmp_path)  # the defaults are relative: out/reproduce
     assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only"]) == 0
     assert (tmp_path / "out" / "reproduce" / "tiny" / "table.md").exists() and not (tmp_path / "results").exists()
-    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only", "--results", "results"]) == 0
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only",
+                "--results", "results"]) == 0
     assert (tmp_path / "results" / "table.md").exists()
 
 
@@ -110,7 +111,8 @@ def test_ctrl_c_stops_the_sweep_with_one_line_on_the_console(tmp_path):
     """The cell's own line goes to its train.log; the console gets the sweep's."""
     p = subprocess.Popen([sys.executable, "reproduce.py", "--preset", "tiny", "--tasks", "bijection", "--models",
                           "transformer,mlp", "--out", str(tmp_path / "o"), "--", "--max_iters", "100000"], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=os.environ | {"OMP_NUM_THREADS": "1"})
     log = tmp_path / "o" / "tiny" / "bijection_transformer" / "train.log"
     while p.poll() is None and not (log.exists() and "eval step" in log.read_text()):  # the first checkpoint
         time.sleep(0.1)
