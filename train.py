@@ -248,15 +248,14 @@ def build(cfg, device):
 
 def check_recipe(train):
     """Optimiser settings that would train silently on nonsense (a negative rate, say) are refused."""
-    for k in ("lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "grad_clip"):
+    rules = dict(lr=(lambda x: x > 0, "> 0"), min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"),
+                 weight_decay=(lambda x: x >= 0, ">= 0"), beta1=(lambda x: 0 <= x < 1, "in [0, 1)"),
+                 beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
+                 warmup_iters=(lambda x: x >= 0, ">= 0"), lr_decay_iters=(lambda x: x >= 0, ">= 0 (0 = --max_iters)"))
+    for k, (ok, want) in rules.items():
         if not math.isfinite(train[k]):
             raise ValueError(f"--{k} must be a finite number, got {train[k]}")
-    for k, ok, want in (("lr", train["lr"] > 0, "> 0"), ("min_lr_ratio", 0 <= train["min_lr_ratio"] <= 1, "in [0, 1]"),
-                        ("weight_decay", train["weight_decay"] >= 0, ">= 0"), ("beta1", 0 <= train["beta1"] < 1, "in [0, 1)"),
-                        ("beta2", 0 <= train["beta2"] < 1, "in [0, 1)"), ("grad_clip", train["grad_clip"] >= 0, ">= 0 (0 = off)"),
-                        ("warmup_iters", train["warmup_iters"] >= 0, ">= 0"),
-                        ("lr_decay_iters", train["lr_decay_iters"] >= 0, ">= 0 (0 = --max_iters)")):
-        if not ok:
+        if not ok(train[k]):
             raise ValueError(f"--{k} must be {want}, got {train[k]}")
 
 
@@ -451,8 +450,9 @@ def run(cfg, resume_state=None, eval_only=False):
     while not os.path.exists(os.path.dirname(new)):  # the outermost folder this run will create
         new = os.path.dirname(new)
     # what a fault leaves behind, kept up to date by the loop for the one line that reports it
+    kept = f"{os.path.join(train['out_dir'], 'ckpt.pt')} (step {resume_state['iter']})" if resume_state else None
     progress = dict(step=resume_state["iter"] if resume_state else 0, created=None if os.path.exists(new) else new,
-                    kept=f"{os.path.join(train['out_dir'], 'ckpt.pt')} (step {resume_state['iter']})" if resume_state else None)
+                    kept=kept)
     try:
         return train_loop(cfg, device, rank, world, resume_state, eval_only, progress)
     except BaseException as e:
@@ -650,9 +650,9 @@ def main(argv=None):
                     raise ValueError(f"--{k} {v} differs from the checkpoint's ({cfg.get(k)}) in {out_dir}; "
                                      f"drop --{k}, or pass the --out_dir of a {v} run")
             cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
-            cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # the run's own
+            cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # its own
             mc = resume_state["model_config"]
-            if "block_size" in mc and mc.get("pos", "learned") == "learned":  # the trained position table fixes the context
+            if "block_size" in mc and mc.get("pos", "learned") == "learned":  # the trained position table fixes it
                 cfg["model_opts"]["block_size"] = mc["block_size"]
             else:  # no position table: any length
                 cfg["model_opts"].pop("block_size", None)

@@ -140,7 +140,7 @@ def test_bench_bad_input_is_a_one_line_error_before_measuring(capsys, argv, expe
 
 
 @pytest.mark.parametrize("cmd", [
-    ["bench.py", "--task", "bijection", "--models", "mlp", "--sizes", "quick", "--batch_size", str(10 ** 12)],  # no memory
+    ["bench.py", "--task", "bijection", "--models", "mlp", "--sizes", "quick", "--batch_size", str(10 ** 12)],  # OOM
     ["bench_scan.py", "--L", "8", "--modes", "sequential", "--B", "0"],
     ["bench_memory.py", "--rules", "hebbian", "--T", "8", "--B", "0"],
 ])

@@ -346,12 +346,12 @@ def test_unusable_out_dir_is_a_one_line_error(tmp_path, capsys, where):
     out = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
     assert run_main(TINY + ["--max_iters", "2", "--out_dir", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"--out_dir {out}: cannot write there ({tmp_path / 'f'} is a file)" in err, err
+    assert len(err.splitlines()) == 1 and f"--out_dir {out}: cannot write there ({tmp_path / 'f'} is a file)" in err
 
 
 def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
-    argv = [sys.executable, "train.py"] + TINY + ["--max_iters", "100000", "--eval_interval", "5", "--log_interval", "5",
-                                                  "--out_dir", str(tmp_path)]
+    argv = [sys.executable, "train.py"] + TINY + ["--max_iters", "100000", "--eval_interval", "5",
+                                                  "--log_interval", "5", "--out_dir", str(tmp_path)]
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=os.environ | {"OMP_NUM_THREADS": "1"})
     seen = False
