@@ -188,10 +188,15 @@ def main(argv=None):
         bad = [x for x in given if x not in valid]
         if bad:
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
-    if args.threads < 1 or args.reps < 1 or args.warmup < 0 or args.batch_size < 0 or args.data_chunk < 0:
-        p.error("--threads and --reps must be >= 1, --warmup, --batch_size and --data_chunk >= 0")
+    if min(args.threads, args.reps, args.peak_n) < 1 or min(args.warmup, args.batch_size, args.data_chunk) < 0:
+        p.error("--threads, --reps and --peak_n must be >= 1, --warmup, --batch_size and --data_chunk >= 0")
     try:
+        train.check_device(args.device)
         train.pick_device(args.device)
+        if args.json:  # before the work, not after it
+            train.check_out_dir(os.path.dirname(args.json) or ".", "--json")
+            if os.path.isdir(args.json):
+                raise ValueError(f"--json {args.json}: is a folder; give a file name")
     except ValueError as e:
         p.error(str(e))
     if args.one:
@@ -217,13 +222,13 @@ def main(argv=None):
     if rows:
         print(f"matmul peak (n={args.peak_n}): {min(r['matmul_peak'] for r in rows) / 1e9:.1f}"
               f"-{max(r['matmul_peak'] for r in rows) / 1e9:.1f} GFLOP/s across the runs")
+    if not rows:
+        p.exit(2, "bench.py: error: every row failed (see the reasons above)\n")
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        train.write_json(args.json, rows)
         print(f"wrote {args.json}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    train.cli(main, "bench.py", "nothing was written")

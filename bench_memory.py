@@ -77,6 +77,7 @@ def main():
     print(f"linear_attn.memory, forward + backward: B={args.B} H={args.H} d_k={args.d_k} d_v={args.d_v} {args.dtype}, "
           f"{args.device}{f', {args.threads} threads' if args.device == 'cpu' else ''}, best of {args.reps} after {args.warmup} warm-up")
     print(f"{'rule':<8} {'T':>5}  {'mode':<9} {'chunk':>5} {'time s':>8} {'x rec':>6} {'peak MB':>8}")
+    n_ok = 0
     for rule in args.rules:
         for T in args.T:
             ref = None
@@ -91,9 +92,12 @@ def main():
                     print(f"{rule:<8} {T:>5}  {mode:<9} {shown:>5} failed: {run.stderr.strip().splitlines()[-1:]}")
                     continue
                 m = json.loads(run.stdout.strip().splitlines()[-1])
+                n_ok += 1
                 ref = m if mode == "recurrent" else ref
                 ratio = f"{m['time'] / ref['time']:6.2f}" if ref else f"{'-':>6}"
                 print(f"{rule:<8} {T:>5}  {mode:<9} {shown:>5} {m['time']:8.3f} {ratio} {m['peak_mb']:8.0f}", flush=True)
+    if not n_ok:
+        p.exit(2, f"{p.prog}: error: every measurement failed (see the reasons above)\n")
     return 0
 
 

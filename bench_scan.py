@@ -109,6 +109,7 @@ def main():
     print(f"selective scan, forward + backward: B={args.B} D={args.D} N={args.N}, {args.device}"
           f"{f', {args.threads} threads' if args.device == 'cpu' else ''}, best of {args.reps} after {args.warmup} warm-up")
     print(f"{'L':>6}  {'mode':<11} {'time s':>8} {'x seq':>6} {'peak MB':>9} {'x seq':>6} {'kernels':>8} {'x seq':>6}")
+    n_ok = 0
     for L in args.L:
         rows = {}
         for mode in args.modes:
@@ -119,10 +120,13 @@ def main():
                 print(f"{L:>6}  {mode:<11} failed: {run.stderr.strip().splitlines()[-1:]}")
                 continue
             rows[mode] = m = json.loads(run.stdout.strip().splitlines()[-1])
+            n_ok += 1
             ref = rows.get("sequential")
             ratio = lambda k: f"{m[k] / ref[k]:6.2f}" if ref and ref[k] > 0 else f"{'-':>6}"
             print(f"{L:>6}  {mode:<11} {m['time']:8.3f} {ratio('time')} {m['peak_mb']:9.0f} {ratio('peak_mb')} "
                   f"{m['kernels']:8d} {ratio('kernels')}", flush=True)
+    if not n_ok:
+        p.exit(2, f"{p.prog}: error: every measurement failed (see the reasons above)\n")
     return 0
 
 

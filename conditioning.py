@@ -1,6 +1,7 @@
 """
 Theory checks of Qiao, "Understanding Transformers through the Lens of Pavlovian Conditioning" (arXiv 2508.08289).
-One subcommand per experiment; each writes results/conditioning/<name>.json and <name>.png (matplotlib optional).
+One subcommand per experiment; each writes out/conditioning/<name>.json and <name>.png (matplotlib optional);
+`--results results/conditioning` writes the committed ones.
 
     python conditioning.py capacity      # Theorem 6 (App. A.1, Eqs. 27-39)
     python conditioning.py propagation   # Theorem 9 (Def. 8, App. A.2, Eqs. 40-51)
@@ -295,7 +296,7 @@ def depth_width(args):
                                  n_head=H, n_embd=d, max_iters=args.max_iters, batch_size=args.batch_size, lr=args.lr,
                                  eval_interval=args.max_iters, log_interval=100, eval_samples=args.eval_samples,
                                  eval_samples_during=min(100, args.eval_samples), **opts)
-                    argv = [f"--{k}={v}" for k, v in flags.items()] + extra
+                    argv = [f"--{k}={v}" for k, v in flags.items()] + extra + ["--overwrite"]  # scratch runs
                     os.makedirs(out_dir, exist_ok=True)
                     with open(os.path.join(out_dir, "train.log"), "w") as f, redirect_stdout(f), redirect_stderr(f), \
                             warnings.catch_warnings():
@@ -489,7 +490,8 @@ def variant(s):
 
 
 FLAGS = {  # name: (default, help, experiments)
-    "results": ("results/conditioning", "where the json, png and summary.md go", EXPERIMENTS),
+    "results": ("out/conditioning", "where the json, png and summary.md go (results/conditioning: the committed ones)",
+                EXPERIMENTS),
     "scratch": ("out/conditioning", "the training runs go under SCRATCH/depth_width", ("depth_width",)),
     "seed": (0, "seed of the synthetic draws", EXPERIMENTS),
     "threads": (0, "torch CPU threads (0: torch's default)", EXPERIMENTS),
@@ -554,12 +556,22 @@ def parse_args(argv):
         values = values if isinstance(values, list) else [values]
         if flag not in ("seed", "seeds", "threads") and type(values[0]) in (int, float) and min(values) <= 0:
             p.error(f"--{flag} must be > 0, got {' '.join(map(str, values))}")
+        if flag == "threads" and values[0] < 0:
+            p.error(f"--threads must be >= 0 (0: torch's default), got {values[0]}")
         if flag in ("ws", "nd") and len(values) != len(default):
             p.error(f"--{flag} takes {len(default)} numbers: {FLAGS[flag][1]}")
     try:
         args.variants = [variant(v) for v in getattr(args, "variants", [])]
     except ValueError as e:
         p.error(f"--variants: {e}")
+    if args.command == "summary" and not os.path.isdir(args.results):
+        p.error(f"--results {args.results}: no such folder (run an experiment first, or pass its --results)")
+    try:  # before the work, not after it
+        for flag in ("results", "scratch"):
+            if hasattr(args, flag):
+                train.check_out_dir(getattr(args, flag), f"--{flag}")
+    except ValueError as e:
+        p.error(str(e))
     return args, p
 
 
@@ -575,7 +587,7 @@ def save_figure(figure, result, path):
     for a in fig.axes:
         a.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    train.write_file(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return True
 
@@ -591,9 +603,7 @@ def main(argv=None):
             t0 = time.time()
             result = steps[name][0](args)
             result["wall_s"] = time.time() - t0
-            os.makedirs(args.results, exist_ok=True)
-            with open(path(name, "json"), "w") as f:
-                json.dump(result, f, indent=1)
+            train.write_json(path(name, "json"), result)
             png = save_figure(steps[name][1], result, path(name, "png"))
             print(f"wrote {path(name, 'json')}{' and .png' if png else ''} [{result['wall_s']:.0f}s]", flush=True)
     except ValueError as e:  # bad sizes reach the memory or the task as ValueError
@@ -606,11 +616,10 @@ def main(argv=None):
                     results[name] = json.load(f)
                 if args.command == "summary":  # the figures too, from the same json
                     save_figure(steps[name][1], results[name], path(name, "png"))
-        with open(path("summary", "md"), "w") as f:
-            f.write(summary(results))
+        train.write_text(path("summary", "md"), summary(results))
         print(f"wrote {path('summary', 'md')}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    train.cli(main, "conditioning.py", "the experiments already written are kept")

@@ -52,7 +52,6 @@ does not apply, or a missing checkpoint: a one-line error (exit 2).
 """
 from functools import partial
 import glob
-import json
 import math
 import os
 import sys
@@ -63,7 +62,7 @@ from einops import rearrange
 
 from oracles import LOG2, Metrics, entropy_bits, gaussian_kl_bits, oracle
 from tasks import make_task
-from train import MODELS, Parser, load_checkpoint
+from train import MODELS, Parser, cli, load_checkpoint, write_file, write_json
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
 ATTENTION = ("transformer",)  # models with softmax attention: queries, keys, attention maps
@@ -301,7 +300,8 @@ def manifold(model, task, batch, state, args, by_state=False):
 
 def entropy_mae(model, task, batch, **kw):
     m = Metrics()
-    m.update(task, batch, model(batch.x, **kw))
+    x = batch.x.double() if batch.x.is_floating_point() else batch.x  # real inputs (regression) meet a float64 model
+    m.update(task, batch, model(x, **kw))
     return {k: v for k, v in m.result(task).items() if not k.startswith("curve") and k != "n_sequences"}
 
 
@@ -528,18 +528,6 @@ def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
     return [to_json(v) for v in x] if isinstance(x, list) else None if x != x else x
 
 
-def replace_into(path, write):
-    """write(tmp) then os.replace(tmp, path): a reader sees the old file or the new one, never half of one."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def dump_json(obj, path):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1)
-
-
 def pyplot():
     """matplotlib's pyplot, or None: the figures are optional, the JSON is not."""
     try:
@@ -585,10 +573,10 @@ def main(argv=None):
             base = os.path.join(os.path.dirname(path), f"geometry_{n}" + ("" if stem == "ckpt" else f"_{stem}"))
             head = dict(diagnostic=n, ckpt=path, task=cfg["task"], model=cfg["model"], iter=state["iter"],
                         n_seq=args.n_seq, seed=seed)
-            replace_into(base + ".json", partial(dump_json, to_json(head | r)))
+            write_json(base + ".json", to_json(head | r))
             if plt is not None:
                 fig = draw(plt)
-                replace_into(base + ".png", lambda f: fig.savefig(f, format="png", dpi=90))
+                write_file(base + ".png", lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
                 plt.close(fig)
             print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))
     except ValueError as e:
@@ -597,4 +585,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli(main, "geometry.py", "the diagnostics already written are kept")

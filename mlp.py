@@ -118,6 +118,10 @@ class MLP(nn.Module):
         B, T = x.shape[:2]
         if T > c.block_size:
             raise ValueError(f"sequence length {T} exceeds the model's block_size={c.block_size}")
+        # on a GPU the embedding's own assert fires: a check there would make every step wait for the device
+        if c.vocab_size and x.device.type == "cpu" and not torch.compiler.is_compiling() and x.numel():
+            if not 0 <= x.min() <= x.max() < c.vocab_size:
+                raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got {x.min().item()}..{x.max().item()}")
         h = self.wte(x) + self.wpe(torch.arange(T, device=x.device))  # (B, T, d_model)
         if not c.per_position:
             # W [e_0 .. e_t, 0 .. 0] = sum_{s<=t} W_s e_s: every slot's product, then a running sum

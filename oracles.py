@@ -76,8 +76,26 @@ def regression_posterior(task, batch):
     return torch.stack(means, 1), torch.stack(vars_, 1)
 
 
+def check_batch(task, batch):
+    """A batch drawn from another task, or at other sizes, would give a wrong posterior without an error."""
+    x, lat, n = batch.x, batch.latent, task.name
+    want = (dict(perm=(task.V,)) if n == "bijection" else
+            dict(trans=(task.n_states,) * 2, emit=(task.n_states, task.n_obs), obs=(task.K,)) if n == "hmm" else
+            dict(xs=(task.K, task.d), ys=(task.K,)) if n == "regression" else
+            dict(answer=(task.seq_len,)) if n in ("recall", "hop") else {})
+    ok = x.dim() >= 2 and x.shape[1] == task.seq_len and tuple(batch.mask.shape) == tuple(x.shape[:2])
+    if task.vocab_size:
+        ok = ok and x.dim() == 2 and not x.is_floating_point() and 0 <= x.min() and x.max() < task.vocab_size
+    else:
+        ok = ok and x.dim() == 3 and x.shape[2] == task.n_features
+    if not (ok and all(k in lat and tuple(lat[k].shape[1:]) == s for k, s in want.items())):
+        opts = ", ".join(f"{k}={v}" for k, v in task.options().items())
+        raise ValueError(f"oracle: the batch was not drawn from this task ({n}: {opts}); sample it with task.sample")
+
+
 def oracle(task, batch):
     """The exact posterior predictive at every scored position (see the module docstring)."""
+    check_batch(task, batch)
     m = batch.mask
     B, T = m.shape
     if task.gaussian:

@@ -2,6 +2,7 @@
 The paper's architecture comparison: every task x model, one train.py run per cell, one table.
 
     python reproduce.py                                # the quick preset, every task and model
+    python reproduce.py --results results              # the same, and update the committed table
     python reproduce.py --preset paper                 # the paper's sizes; with GPUs, one cell per GPU
     python reproduce.py --tasks hmm --models lstm,mlp  # a part of the matrix
     python reproduce.py --table_only                   # rebuild the table from the finished cells
@@ -21,10 +22,11 @@ The MLP has two rows, since the paper does not say how its MLP saw the context: 
 flattened causal prefix, `mlp_pos` (train.py `--model mlp --per_position`, with its own
 capacity-matched widths, presets.py) only the current token and its position.
 
-Output: results/table.md with, per task, each model's entropy MAE in both conventions, KL,
-accuracy, parameters and training time beside the paper's numbers,
-and per task a figure of per-position model entropy against the oracle's for every model
-(results/entropy_<task>.png; needs matplotlib, without it the table still comes out).
+Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) with, per task, each
+model's entropy MAE in both conventions, KL, accuracy, parameters and training time beside the
+paper's numbers, and per task a figure of per-position model entropy against the oracle's for
+every model (entropy_<task>.png; needs matplotlib, without it the table still comes out). Only
+`--results results` writes the committed results/, so a partial sweep never replaces that table.
 """
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
@@ -184,14 +186,13 @@ def figure(task, rows, path):
     ax.set(xlabel="query position", ylabel="mean entropy (bits)", title=f"{task}: model vs exact posterior entropy")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    train.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return True
 
 
 def write_table(preset, tasks, models, out_root, results_dir, status):
     """results_dir/table.md from every cell's results.json (and a figure per task); returns its path."""
-    os.makedirs(results_dir, exist_ok=True)
     lines = [f"# Wind tunnels: architecture comparison, preset `{preset}`", "",
              "Entropy MAE in bits: *mean-curve* averages model and oracle entropy over sequences at each position "
              "first (the paper's convention), *per token* is the mean of |H_model − H_oracle| over every scored "
@@ -224,8 +225,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
         lines.append("")
     lines += ["## Notes", "", PAPER_NOTES, ""]
     path = os.path.join(results_dir, "table.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
+    train.write_text(path, "\n".join(lines))
     return path
 
 # -----------------------------------------------------------------------------
@@ -242,7 +242,8 @@ def parse_args(argv):
                                                   f"{', '.join(MODEL_ORDER)} that train.py has; "
                                                   "mlp_pos is the mlp with --per_position)")
     p.add_argument("--out", default=os.path.join("out", "reproduce"), help="cells go to OUT/<preset>/<task>_<model>")
-    p.add_argument("--results", default="results", help="where table.md and the figures go")
+    p.add_argument("--results", default=None, help="where table.md and the figures go (default OUT/<preset>; "
+                                                   "`--results results` updates the committed table)")
     p.add_argument("--jobs", type=int, default=0, help="cells at a time (default: one per visible GPU, else 1)")
     p.add_argument("--table_only", action="store_true", help="only rebuild the table from finished cells")
     args = p.parse_args(argv)
@@ -263,6 +264,7 @@ def parse_args(argv):
     if fixed:
         p.error(f"{fixed[0].split('=')[0]} is set per cell; use --tasks, --models, --preset or --out instead")
     args.tasks, args.models = args.tasks.split(","), args.models.split(",")
+    args.results = args.results or os.path.join(args.out, args.preset)
     return args, extra
 
 
@@ -282,6 +284,12 @@ def main(argv=None):
         elif not args.table_only:
             resume = ["--resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
             todo.append(((task, model), argv + resume, os.path.join(out_dir, "train.log")))
+    try:  # before any cell runs
+        for flag, path in (("--out", out_root), ("--results", args.results)):
+            train.check_out_dir(path, flag)
+    except ValueError as e:
+        print(f"reproduce.py: error: {e}", file=sys.stderr)
+        return 2
     n_done = len(cells) - len(todo)
     if not args.table_only:
         print(f"{len(cells)} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run, "
@@ -305,4 +313,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    train.cli(main, "reproduce.py", "finished cells are kept and a rerun resumes the others")

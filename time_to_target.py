@@ -20,7 +20,8 @@ at the end (so far only bijection's: a higher peak rate).
 Reported: the training steps and the run's wall time (evaluations included) at that evaluation;
 a run whose schedule ends first is "not reached", with its best value. With --from_runs the
 histories of finished runs are read instead, at whatever evaluation interval they used. Writes
-results/time_to_target_<fast, preset or from_runs>.md and .json.
+time_to_target_<fast, preset or from_runs>.md and .json to out/time_to_target (--results results: the
+committed ones). A run folder that already holds a run is not replaced: `-- --overwrite` replaces it.
 """
 import json
 import os
@@ -65,7 +66,8 @@ def main(argv=None):
     p.add_argument("--eval_interval", type=int, default=100, help="steps between held-out checks (default 100)")
     p.add_argument("--from_runs", default="", help="read DIR/<task>_transformer/results.json instead of training")
     p.add_argument("--out", default=os.path.join("out", "time_to_target"), help="runs go to OUT/<preset>_<recipe>/<task>")
-    p.add_argument("--results", default="results", help="where time_to_target_<recipe>.md and .json go")
+    p.add_argument("--results", default=os.path.join("out", "time_to_target"),
+                   help="where time_to_target_<recipe>.md and .json go (`--results results`: the committed ones)")
     args = p.parse_args(argv)
     tasks = args.tasks.split(",")
     bad = [t for t in tasks if t not in TARGETS]
@@ -75,6 +77,10 @@ def main(argv=None):
         p.error(f"the fast recipe changes the quick preset; with --preset {args.preset} use --recipe preset")
     if args.eval_interval < 1:
         p.error(f"--eval_interval must be >= 1, got {args.eval_interval}")
+    try:  # before the work, not after it
+        train.check_out_dir(args.results, "--results")
+    except ValueError as e:
+        p.error(str(e))
     rows = []
     for t in tasks:
         if args.from_runs:
@@ -107,14 +113,11 @@ def main(argv=None):
         lines.append(f"| {w['task']} | {w['target']} | {w['flags'] or '—'} | {at} | {w['value']:.4f} | {w['run_steps']} steps, "
                      f"{train.fmt_time(w['run_time_s'])}, {w['device']} | {w['eval_interval']} |")
     print("\n".join(lines))
-    os.makedirs(args.results, exist_ok=True)
     name = "time_to_target_" + ("from_runs" if args.from_runs else args.recipe)
-    with open(os.path.join(args.results, name + ".md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.results, name + ".json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    train.write_text(os.path.join(args.results, name + ".md"), "\n".join(lines) + "\n")
+    train.write_json(os.path.join(args.results, name + ".json"), rows)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    train.cli(main, "time_to_target.py", "each run keeps its last checkpoint")

@@ -4,6 +4,7 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
     python train.py --task recall --model transformer           # quick CPU defaults
     python train.py --task hmm --model transformer --preset paper   # the paper's sizes (GPU)
     python train.py --task bijection --resume                    # continue out/bijection_transformer
+    python train.py --task bijection --overwrite                 # replace it with a new run
     python train.py --task bijection --eval_only                 # re-evaluate its checkpoint
 
 Settings come from three layers: the defaults in TRAIN and in each task/model dataclass, then
@@ -27,9 +28,11 @@ run's trajectory. Rank 0 alone logs, evaluates and writes the checkpoint and res
 """
 import argparse
 import builtins
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, fields
 import difflib
+import errno
+import glob
 import inspect
 import json
 import math
@@ -66,6 +69,8 @@ TRAIN = {  # name: (default, help); presets and flags override
     "dtype": ("auto", "auto (bfloat16 autocast on a CUDA GPU that has it natively, else float32) | float32 | bfloat16"),
     "compile": (False, "torch.compile the model (falls back to eager if compilation fails)"),
     "max_iters": (2000, "training steps"),
+    "lr_decay_iters": (0, "steps of the cosine decay, then the final rate (0 = --max_iters); a checkpoint keeps "
+                          "it, so `--resume --max_iters N` runs on at the final rate"),
     "batch_size": (64, "sequences per step (fresh every step)"),
     "data_device": ("auto", "where training batches are drawn: auto (on the GPU when training on CUDA, else the CPU) "
                             "| cpu | device (the training device)"),
@@ -88,6 +93,7 @@ TRAIN = {  # name: (default, help); presets and flags override
     "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at log-spaced steps"),
     "stop_at": ("", "stop once a held-out evaluation reaches this, e.g. mae_curve<=0.01 or accuracy>=0.99"),
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
+    "overwrite": (False, "replace the run in --out_dir (its ckpt.pt, snapshots, results.json and eval.json)"),
     "eval_only": (False, "evaluate the checkpoint in --out_dir and write eval.json"),
 }
 CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer": ("adamw", "muon"),
@@ -102,14 +108,33 @@ RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "l
 
 class Parser(argparse.ArgumentParser):
     """One-line errors (exit code 2) with a did-you-mean hint, instead of the usage block."""
+    elsewhere = {}  # flag -> the tasks/models that have it, for a flag of another task or model
 
     def error(self, message):
         m = re.search(r"unrecognized arguments: (\S+)", message)
         if m:
+            flag = m.group(1).split("=")[0]
             known = [o for a in self._actions for o in a.option_strings]
-            close = difflib.get_close_matches(m.group(1).split("=")[0], known, n=3)
-            message += f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)"
+            close = difflib.get_close_matches(flag, known, n=3)
+            if flag in self.elsewhere:
+                message += f" ({flag} is an option of {self.elsewhere[flag]} only)"
+            else:
+                message += f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)"
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(join_negative(sys.argv[1:] if args is None else args), namespace)
+
+
+def join_negative(argv):
+    """'--lr -1e-3' -> '--lr=-1e-3': argparse reads a negative number in exponent form as a flag."""
+    out = []
+    for a in argv:
+        if out and re.fullmatch(r"--\w+", out[-1]) and re.fullmatch(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf", a, re.I):
+            out[-1] += "=" + a
+        else:
+            out.append(a)
+    return out
 
 
 def str2bool(s):
@@ -138,12 +163,22 @@ def add_flag(group, name, default, help, ftype=None):
 
 def parse_args(argv):
     pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
-    pre.add_argument("--task", default="recall", choices=list(TASKS))
-    pre.add_argument("--model", default="transformer", choices=list(MODELS))
-    pre.add_argument("--preset", default="quick", choices=list(PRESETS))
+    pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
+    pre.add_argument("--model", choices=list(MODELS), help="(default transformer)")
+    pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
     known, _ = pre.parse_known_args(argv)
+    known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
+    for k, v in dict(task="recall", model="transformer", preset="quick").items():
+        setattr(known, k, getattr(known, k) or v)
     p = Parser(prog="train.py", description=__doc__.split("\n\n")[0].strip(), parents=[pre], allow_abbrev=False,
                epilog="Task and model flags depend on --task and --model: see `--task hmm --help`.")
+    owners = {}
+    for kind, table in (("task", TASKS), ("model", {k: c for k, (c, _) in MODELS.items()})):
+        for name, cls in table.items():
+            for f in fields(cls):
+                if f.name not in IO_FIELDS:
+                    owners.setdefault(f"--{f.name}", []).append(f"--{kind} {name}")
+    p.elsewhere = {k: ", ".join(v) for k, v in owners.items()}
     g = p.add_argument_group("training")
     for name, (default, help) in TRAIN.items():
         add_flag(g, name, default, help)
@@ -167,6 +202,7 @@ def build_config(task, model, preset, given):
     for k, v in given.items():
         (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
+    train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
 
 # -----------------------------------------------------------------------------
@@ -182,6 +218,7 @@ def build(cfg, device):
     if train["max_iters"] < 0 or train["data_chunk"] < 0:
         raise ValueError(f"--max_iters and --data_chunk must be >= 0, "
                          f"got {train['max_iters']} and {train['data_chunk']}")
+    check_recipe(train)
     task = make_task(cfg["task"], **cfg["task_opts"])
     eval_tasks = {"default": task}
     for K in train["eval_K"]:
@@ -260,19 +297,95 @@ def make_optimizer(model, train, device):
 
 
 
+def check_recipe(train):
+    """Optimiser settings that would train silently on nonsense (a negative rate, say) are refused."""
+    rules = dict(lr=(lambda x: x > 0, "> 0"), min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"),
+                 weight_decay=(lambda x: x >= 0, ">= 0"), beta1=(lambda x: 0 <= x < 1, "in [0, 1)"),
+                 beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
+                 warmup_iters=(lambda x: x >= 0, ">= 0"), lr_decay_iters=(lambda x: x >= 0, ">= 0 (0 = --max_iters)"))
+    for k, (ok, want) in rules.items():
+        if not math.isfinite(train[k]):
+            raise ValueError(f"--{k} must be a finite number, got {train[k]}")
+        if not ok(train[k]):
+            raise ValueError(f"--{k} must be {want}, got {train[k]}")
+
+
+def get_lr(it, train):
+    """Linear warmup to --lr, cosine down to min_lr_ratio * lr at lr_decay_iters, then flat."""
+    w, T = train["warmup_iters"], train["lr_decay_iters"] or train["max_iters"]
+    if it < w:
+        return train["lr"] * (it + 1) / (w + 1)
+    decay = 0.5 * (1 + math.cos(math.pi * min(1.0, (it - w) / max(1, T - w))))
+    return train["lr"] * (train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
+
+
 def load_checkpoint(path):
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {path} (train first, or pass the run's --out_dir)")
+    # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
+    bad = ValueError(f"{path}: not a readable train.py checkpoint (truncated or corrupt?)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated file, not a torch file, or something that would need to run code
-        raise ValueError(f"cannot load checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # truncated, not a torch file, or something that would need to run code
+        raise bad from None
+    if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
+        raise bad
+    return state
+
+
+def write_file(path, write):
+    """write(tmp) to a temporary name beside path, then rename it over path: a crash, Ctrl-C or full disk
+    mid-write leaves the previous file whole and no partial file behind."""
+    tmp = path + ".tmp"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, RuntimeError) and "writ" in str(e):  # torch.save's writer on a full disk
+            e = OSError(errno.EIO, str(e).splitlines()[0])
+        if isinstance(e, OSError) and not e.filename:  # the one-line report names the file
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
+
+
+def write_text(path, text):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    write_file(path, write)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=1))
 
 
 def save_checkpoint(path, state):
-    tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # never leave a half-written ckpt.pt behind
+    write_file(path, lambda tmp: torch.save(state, tmp))
+
+
+def check_out_dir(path, flag="--out_dir"):
+    """Before any work: say in one line why files cannot be written under path (creates nothing)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):  # the folder that would hold the new ones
+        p = os.path.dirname(p)
+    if not os.path.isdir(p):
+        raise ValueError(f"{flag} {path}: cannot write there ({p} is a file)")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: cannot write there ({p} is not writable)")
+
+
+def check_device(name):
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
+
+
+def run_files(out_dir):
+    """What a run writes to its folder: another run there would mix with it."""
+    names = [os.path.join(out_dir, f) for f in ("ckpt.pt", "results.json", "eval.json")]
+    return [p for p in names if os.path.exists(p)] + sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
 
 
 def code_version():
@@ -441,18 +554,48 @@ def fmt_time(s):
     return f"{int(s // 60)}m{int(s % 60):02d}s"
 
 
+def is_oom(e):
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or \
+        isinstance(e, RuntimeError) and re.search(r"out of memory|can't allocate memory", str(e)) is not None
+
+
 def run(cfg, resume_state=None, eval_only=False):
     train = cfg["train"]
+    check_device(train["device"])
     device = pick_device(train["device"], int(os.environ.get("LOCAL_RANK", 0)) if "WORLD_SIZE" in os.environ else None)
     rank, world = init_distributed(train, device)
+    out_dir = new = os.path.abspath(train["out_dir"])
+    while not os.path.exists(os.path.dirname(new)):  # the outermost folder this run will create
+        new = os.path.dirname(new)
+    # what a fault leaves behind, kept up to date by the loop for the one line that reports it
+    kept = f"{os.path.join(train['out_dir'], 'ckpt.pt')} (step {resume_state['iter']})" if resume_state else None
+    progress = dict(step=resume_state["iter"] if resume_state else 0, created=None if os.path.exists(new) else new,
+                    kept=kept)
     try:
-        return train_loop(cfg, device, rank, world, resume_state, eval_only)
+        return train_loop(cfg, device, rank, world, resume_state, eval_only, progress)
+    except BaseException as e:
+        if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
+            raise
+        what = ("interrupted" if isinstance(e, KeyboardInterrupt) else
+                "out of memory (try a smaller --batch_size or model)" if is_oom(e) else
+                f"{e.filename}: {e.strerror}" if e.filename else str(e))
+        kept = f"kept {progress['kept']}" if progress["kept"] else "no checkpoint was saved"
+        p = out_dir  # a run that left nothing leaves no empty folders either
+        while progress["created"] and p.startswith(progress["created"]) and os.path.isdir(p) and not os.listdir(p):
+            os.rmdir(p)
+            p = os.path.dirname(p)
+        if rank == 0:
+            builtins.print(f"train.py: error: {what} at step {progress['step']}; {kept}", file=sys.stderr)
+        if isinstance(e, KeyboardInterrupt):  # a caller's sweep stops too; cli() makes it exit code 2
+            e.reported_to = sys.stderr  # a sweep that sent it to a log file still says it on the console
+            raise
+        return 2
     finally:
         if world > 1:
             dist.destroy_process_group()
 
 
-def train_loop(cfg, device, rank, world, resume_state, eval_only):
+def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
     train, master = cfg["train"], rank == 0
     print = builtins.print if master else (lambda *a, **k: None)  # rank 0 speaks for the run
     torch.manual_seed(train["seed"])
@@ -460,7 +603,17 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
     stop = parse_stop(train["stop_at"], task)
     use_bf16, ctx = autocast(train["dtype"], device)
     out_dir = train["out_dir"]
+    check_out_dir(out_dir)
+    if resume_state is None and not train["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
+        raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
+                         f"(and its snapshots), or another --out_dir")
     os.makedirs(out_dir, exist_ok=True)
+    for tmp in glob.glob(os.path.join(out_dir, "*.tmp")) if master else []:
+        os.remove(tmp)  # left by a write that was killed (kill -9): the file it was replacing is whole
+    if train["overwrite"] and resume_state is None and master:  # asked for: the old run's files go, snapshots too
+        for f in ["ckpt.pt", "results.json", "eval.json"] + [os.path.basename(p) for p in run_files(out_dir)]:
+            with suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, f))
     it, elapsed, history = 0, 0.0, []
     gen, n_chunk = data_source(train, device)
     chunk = chunk_state = None  # the batches drawn together, and the generator state before them
@@ -507,13 +660,12 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
 
     t_start = time.time()
     ckpt_path = os.path.join(out_dir, "ckpt.pt")
+    last_good = lambda: progress["kept"] or "none was saved yet"
     snapshots = set(log_spaced(train["max_iters"])) if train["ckpt_schedule"] == "log" else set()
     t_log, it_log = time.time(), it
     while it < train["max_iters"] and not eval_only:
         # warmup, then cosine from lr down to min_lr_ratio * lr
-        w, T = train["warmup_iters"], train["max_iters"]
-        decay = 0.5 * (1 + math.cos(math.pi * min(1.0, (it - w) / max(1, T - w))))
-        lr = train["lr"] * ((it + 1) / (w + 1) if it < w else train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
+        T, lr = train["max_iters"], get_lr(it, train)
         for group in opt.param_groups:
             group["lr"] = lr
         batch = next_batch()  # every rank draws the same global batch...
@@ -534,14 +686,14 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
             torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
         opt.step()
         it += 1
+        progress["step"] = it
         at_log = it % train["log_interval"] == 0 or it == T
         at_eval = it % train["eval_interval"] == 0 or it == T
         if at_log or at_eval:  # the only host sync between log lines
             lossf = global_mean(loss, world)  # the same on every rank, so all stop together on a NaN
         if at_log:
             if not math.isfinite(lossf):
-                last = f"{ckpt_path} (step {history[-1]['iter']})" if history else "none was saved yet"
-                print(f"loss is {lossf} at step {it}: stopping; last good checkpoint: {last}", file=sys.stderr)
+                print(f"loss is {lossf} at step {it}: stopping; last good checkpoint: {last_good()}", file=sys.stderr)
                 return 1
             m = Metrics()
             m.update(task, batch.to("cpu"), out.float())
@@ -553,17 +705,21 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
             t_log, it_log = time.time(), it
         if not (at_eval or it in snapshots):
             continue
-        verdict = 0  # rank 0's: 0 go on, 1 the --stop_at target is reached, 2 the parameters are not finite
-        if master and not all(torch.isfinite(p).all() for p in model.parameters()):
-            print(f"parameters are not finite at step {it}: stopping; last good checkpoint: {ckpt_path}", file=sys.stderr)
+        verdict = 0  # rank 0's: 0 go on, 1 the --stop_at target is reached, 2 parameters or metrics are not finite
+        finite = master and all(torch.isfinite(p).all() for p in model.parameters())
+        r = evaluate(eval_fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx) \
+            if finite and at_eval else None
+        if master and not (finite and (r is None or all(math.isfinite(v) for v in r.values() if isinstance(v, float)))):
+            what = "parameters are" if r is None else "held-out metrics are"
+            print(f"{what} not finite at step {it}: stopping; last good checkpoint: {last_good()}", file=sys.stderr)
             verdict = 2
         elif master:
             if at_eval:
-                r = evaluate(eval_fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx)
                 history.append(dict(iter=it, loss=lossf, time=elapsed + time.time() - t_start,
                                     **{k: v for k, v in r.items() if not k.startswith("curve")}))
                 print(f"eval step {it}: {summary(r)}")
                 save_checkpoint(ckpt_path, state())
+                progress["kept"] = f"{ckpt_path} (step {it})"  # finite parameters and metrics: a good one
                 verdict = int(stop is not None and stop(r))
             if train["ckpt_schedule"] == "eval" and at_eval or it in snapshots:
                 save_checkpoint(os.path.join(out_dir, f"ckpt_{it:07d}.pt"), state())
@@ -590,8 +746,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only):
                    wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
                    torch_version=torch.__version__)
     name = "eval.json" if eval_only else "results.json"
-    with open(os.path.join(out_dir, name), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(os.path.join(out_dir, name), results)
     print(f"wrote {os.path.join(out_dir, name)} | wall time {fmt_time(wall)}")
     return 0
 
@@ -602,12 +757,22 @@ def main(argv=None):
     try:
         resume_state = None
         if given.get("resume") or given.get("eval_only"):
+            if given.get("overwrite"):
+                raise ValueError("--overwrite starts a new run; it cannot go with --resume or --eval_only")
             out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{known.model}")
             resume_state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
             cfg = resume_state["config"]
+            for k, v in known.explicit.items():
+                if cfg.get(k) != v:
+                    raise ValueError(f"--{k} {v} differs from the checkpoint's ({cfg.get(k)}) in {out_dir}; "
+                                     f"drop --{k}, or pass the --out_dir of a {v} run")
             cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
-            if "block_size" in resume_state["model_config"]:  # the trained position table fixes the context
-                cfg["model_opts"]["block_size"] = resume_state["model_config"]["block_size"]
+            cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # its own
+            mc = resume_state["model_config"]
+            if "block_size" in mc and mc.get("pos", "learned") == "learned":  # the trained position table fixes it
+                cfg["model_opts"]["block_size"] = mc["block_size"]
+            else:  # no position table: any length
+                cfg["model_opts"].pop("block_size", None)
             for k, v in given.items():
                 if k in ("resume", "eval_only"):
                     continue
@@ -623,5 +788,15 @@ def main(argv=None):
         parser.exit(2, f"{parser.prog}: error: {e}\n")
 
 
+def cli(main, prog, kept):
+    """A script's main() from the shell: Ctrl-C ends it with one line (what was kept) and exit code 2."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        if getattr(e, "reported_to", None) is not sys.stderr:
+            print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli(main, "train.py", "nothing was written (training had not started)")

@@ -179,3 +179,14 @@ def test_match_params_skips_widths_the_model_rejects_and_errors_when_out_of_reac
     cfg = train.build_config("bijection", "mlp", "quick", dict(match_params=10))
     with pytest.raises(ValueError, match="the closest d_model=1 gives"):
         train.build(cfg, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("model", ["transformer", "lstm", "mlp", "linear_attn"])
+def test_a_token_outside_the_vocabulary_is_a_clear_error(model):
+    cfg = train.build_config("bijection", model, "quick", dict(V=4, n_layer=1))
+    _, _, net, _, _ = train.build(cfg, torch.device("cpu"))
+    x = tasks.make_task("bijection", V=4).sample(2, torch.Generator().manual_seed(0)).x
+    for bad in (8, -1):  # vocab_size = 2V = 8
+        x[0, 0] = bad
+        with pytest.raises(ValueError, match=r"token ids must lie in \[0, 8\)"):
+            net(x)

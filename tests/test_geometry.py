@@ -199,3 +199,20 @@ def test_missing_checkpoint_from_the_shell(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
     assert "no checkpoint at" in p.stderr
+
+
+def test_ablate_on_a_regression_checkpoint(tmp_path):
+    argv = ["--task", "regression", "--K", "4", "--d", "2", "--n_head", "2", "--n_embd", "16",
+            "--out_dir", str(tmp_path)]
+    assert train.main(argv + SMALL) == 0
+    assert geometry_main(["all", "--ckpt", str(tmp_path), "--n_seq", "8", "--no_plot"]) == 0
+    assert read(str(tmp_path), "ablate")["ablations"][0]["ablation"] == "skip L0"
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x02garbage", b"epoch,loss\n"])
+def test_unreadable_checkpoint_from_the_shell(tmp_path, content):
+    (tmp_path / "ckpt.pt").write_bytes(content)
+    p = subprocess.run([sys.executable, "geometry.py", "ablate", "--ckpt", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert "not a readable train.py checkpoint (truncated or corrupt?)" in p.stderr

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from oracles import Metrics, entropy_bits, gaussian_entropy_bits, oracle
+from oracles import Metrics, entropy_bits, gaussian_entropy_bits, gaussian_kl_bits, oracle, true_answer
 from tasks import IGNORE, make_task
 
 
@@ -135,3 +135,72 @@ def test_kl_is_zero_for_the_oracle_itself():
 
 def test_gaussian_entropy_known_value():
     assert math.isclose(gaussian_entropy_bits(torch.tensor(1 / (2 * math.pi * math.e))).item(), 0.0, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("name, opts", [("bijection", {}), ("bijection", dict(V=6, with_replacement=True)),
+                                        ("hmm", {}), ("regression", {}), ("recall", {}), ("hop", {})])
+def test_sampled_answers_follow_the_oracles_distribution(name, opts):
+    """If the data are drawn from the distribution the oracle conditions on, the oracle's log-loss on
+    the true answers (hmm: the hidden states) equals its entropy in expectation: E[-log2 p(Y)] = E[H]."""
+    task = make_task(name, **opts)
+    batch = task.sample(2000, gen(7))
+    m = batch.mask
+    if task.gaussian:
+        mean, var = oracle(task, batch)
+        y = batch.latent["ys"].double().reshape(-1)  # query i of a row asks for its y_i
+        logloss = 0.5 * torch.log2(2 * math.pi * var[m]) + (y - mean[m]) ** 2 / (2 * var[m] * math.log(2))
+        H = gaussian_entropy_bits(var[m])
+    else:
+        p = oracle(task, batch)[m]
+        ans = true_answer(task, batch)[m]
+        logloss, H = -torch.log2(p.gather(1, ans[:, None]).squeeze(1)), entropy_bits(p)
+    d = (logloss - H).view(m.shape[0], -1).mean(1)  # per sequence: independent draws
+    se = d.std() / math.sqrt(len(d)) + 1e-12
+    assert abs(d.mean()) < 4 * se, (d.mean().item(), se.item())
+
+
+def test_metrics_accumulate_over_evaluation_batches():
+    task = make_task("hmm", K=6)
+    batch = task.sample(300, gen(3))
+    out = torch.randn(300, task.seq_len, task.n_classes, generator=gen(4))
+    whole, parts = Metrics(), Metrics()
+    whole.update(task, batch, out)
+    for i in range(0, 300, 128):  # 128, 128, 44
+        parts.update(task, batch.map(lambda t: t[i:i + 128]), out[i:i + 128])
+    a, b = whole.result(task), parts.result(task)
+    assert b["n_sequences"] == 300
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-9), k
+
+
+def test_gaussian_kl_by_hand():
+    one = torch.tensor(1.0, dtype=torch.float64)
+    # KL(N(0,1) || N(1,2)) = 1/2 (ln 2 + (1 + 1) / 2 - 1) nats = 1/2 bit; the reverse is not symmetric
+    assert gaussian_kl_bits(0 * one, one, one, 2 * one).item() == pytest.approx(0.5, abs=1e-12)
+    assert gaussian_kl_bits(one, 2 * one, 0 * one, one).item() == pytest.approx((math.log(0.5) + 2) / 2 / math.log(2))
+
+
+def test_kl_and_bayes_accuracy_by_hand():
+    """bijection V=3, L=3 without replacement: the oracle is uniform over 3, then 2, then 1 unused values."""
+    task = make_task("bijection", V=3, L=3)
+    batch = task.sample(5, gen(0))
+    m = Metrics()
+    m.update(task, batch, torch.zeros(5, task.seq_len, 3))  # a uniform model
+    r = m.result(task)
+    assert r["oracle_accuracy"] == pytest.approx((1 / 3 + 1 / 2 + 1) / 3)  # mean of max_c p(c)
+    lg3 = math.log2(3)
+    assert r["kl"] == pytest.approx(((lg3 - lg3) + (lg3 - 1) + (lg3 - 0)) / 3)  # KL(p || uniform) = log2 3 - H(p)
+    assert r["mae_token"] == pytest.approx(r["kl"]) and r["mae_curve"] == pytest.approx(r["kl"])
+
+
+@pytest.mark.parametrize("task, batch_of", [
+    (dict(name="bijection", V=7), dict(name="bijection", V=5)),
+    (dict(name="bijection", V=7, L=4), dict(name="bijection", V=5, L=4)),  # same length, other V
+    (dict(name="hmm", n_states=4), dict(name="hmm", n_states=3)),
+    (dict(name="regression", d=3), dict(name="regression", d=2)),
+    (dict(name="bijection", V=5), dict(name="recall")),
+])
+def test_oracle_refuses_a_batch_of_another_task(task, batch_of):
+    task, other = make_task(**task), make_task(**batch_of)
+    with pytest.raises(ValueError, match="the batch was not drawn from this task"):
+        oracle(task, other.sample(4, gen(0)))

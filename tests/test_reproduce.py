@@ -3,7 +3,10 @@ a cell that stopped after its checkpoint, parallel cells get one GPU each, bad i
 from functools import partial
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from cli import exit_code
 
 
 run = partial(exit_code, reproduce.main)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_tiny_matrix_table_then_skip_then_resume(tmp_path, capsys):
@@ -115,3 +119,36 @@ def test_bad_input_is_a_one_line_error_before_anything_runs(tmp_path, capsys, ar
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expect in err, err
     assert not (tmp_path / "out").exists() and not (tmp_path / "res").exists()
+
+
+def test_the_table_goes_beside_the_cells_unless_told_to_write_results(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the defaults are relative: out/reproduce
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only"]) == 0
+    assert (tmp_path / "out" / "reproduce" / "tiny" / "table.md").exists() and not (tmp_path / "results").exists()
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only",
+                "--results", "results"]) == 0
+    assert (tmp_path / "results" / "table.md").exists()
+
+
+def test_unusable_results_is_a_one_line_error_before_any_cell_runs(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert run(["--preset", "tiny", "--out", str(tmp_path / "o"), "--results", str(tmp_path / "f" / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--results" in err and "is a file" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_stops_the_sweep_with_one_line_on_the_console(tmp_path):
+    """The cell's own line goes to its train.log; the console gets the sweep's."""
+    p = subprocess.Popen([sys.executable, "reproduce.py", "--preset", "tiny", "--tasks", "bijection", "--models",
+                          "transformer,mlp", "--out", str(tmp_path / "o"), "--", "--max_iters", "100000"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=os.environ | {"OMP_NUM_THREADS": "1"})
+    log = tmp_path / "o" / "tiny" / "bijection_transformer" / "train.log"
+    while p.poll() is None and not (log.exists() and "eval step" in log.read_text()):  # the first checkpoint
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "interrupted; finished cells are kept" in err and "mlp" not in out  # the sweep stopped
+    assert "interrupted at step" in log.read_text()

@@ -126,3 +126,46 @@ def test_time_to_target_rejects_unknown_tasks_and_missing_runs(tmp_path, capsys)
         with pytest.raises(SystemExit) as e:
             time_to_target.main(argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--device", "nonsense"], "--device 'nonsense': expected auto, cpu, cuda, cuda:N or mps"),
+    (["--peak_n", "0"], "--peak_n must be >= 1"),
+    (["--json", "/proc/version/rows.json"], "--json /proc/version: cannot write there"),
+    (["--json", "/tmp"], "is a folder"),
+])
+def test_bench_bad_input_is_a_one_line_error_before_measuring(capsys, argv, expect):
+    import bench
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--task", "bijection", "--models", "mlp", "--sizes", "quick"] + argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and expect in err, err
+
+
+@pytest.mark.parametrize("cmd", [
+    ["bench.py", "--task", "bijection", "--models", "mlp", "--sizes", "quick", "--batch_size", str(10 ** 12)],  # OOM
+    ["bench_scan.py", "--L", "8", "--modes", "sequential", "--B", "0"],
+    ["bench_memory.py", "--rules", "hebbian", "--T", "8", "--B", "0"],
+])
+def test_benches_exit_2_when_every_row_failed(cmd):
+    p = subprocess.run([sys.executable, *cmd, "--threads", "1", "--reps", "1"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "failed" in p.stdout, p.stdout + p.stderr
+    assert "every" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_time_to_target_writes_under_out_unless_told_and_checks_results_first(tmp_path, monkeypatch, capsys):
+    import time_to_target
+    runs = tmp_path / "runs"
+    os.makedirs(runs / "bijection_transformer")
+    history = [dict(iter=2, time=1.0, mae_curve=0.3)]
+    json.dump(dict(history=history, iters=2, wall_time_s=1.0, device="cpu", config=dict(train=dict(eval_interval=2))),
+              open(runs / "bijection_transformer" / "results.json", "w"))
+    monkeypatch.chdir(tmp_path)
+    assert time_to_target.main(["--tasks", "bijection", "--from_runs", str(runs)]) == 0
+    assert (tmp_path / "out" / "time_to_target" / "time_to_target_from_runs.json").exists()
+    assert not (tmp_path / "results").exists()
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        time_to_target.main(["--tasks", "bijection", "--results", "f/r"])
+    assert e.value.code == 2 and "--results f/r: cannot write there" in capsys.readouterr().err

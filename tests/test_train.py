@@ -1,7 +1,9 @@
 """train.py end to end: learning, resume, eval-only, checkpoints, divergence and bad input."""
 from functools import partial
 import json
+import math
 import os
+import signal
 import subprocess
 import sys
 
@@ -53,10 +55,12 @@ def test_every_task_runs_and_writes_results(tmp_path, name):
     assert m["mae_token"] >= m["mae_curve"] - 1e-12
 
 
-@pytest.mark.parametrize("chunk", ["1", "4"])  # with 4 batches per draw, step 6 is in the middle of a chunk
-def test_resume_continues_identically(tmp_path, chunk):
+# with 4 batches per draw, step 6 is in the middle of a chunk; dropout needs torch's global RNG restored
+@pytest.mark.parametrize("chunk, dropout", [("1", "0.2"), ("4", "0")])
+def test_resume_continues_identically(tmp_path, chunk, dropout):
     a, b = tmp_path / "a", tmp_path / "b"
-    common = TINY + ["--max_iters", "12", "--eval_interval", "6", "--data_chunk", chunk, "--data_device", "device"]
+    common = TINY + ["--max_iters", "12", "--eval_interval", "6", "--data_chunk", chunk, "--data_device", "device",
+                     "--dropout", dropout]
     assert run_main(common + ["--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
     os.makedirs(b)
     os.replace(a / "ckpt_0000006.pt", b / "ckpt.pt")  # as if the run had stopped at step 6
@@ -170,15 +174,26 @@ class NotATensor:
     pass
 
 
-@pytest.mark.parametrize("bad", ["missing", "garbage", "pickled_object"])
+@pytest.mark.parametrize("bad", ["missing", "empty", "garbage", "random", "text", "truncated", "pickled_object",
+                                 "not_train_py"])
 def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
-    if bad == "garbage":
-        (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    path = tmp_path / "ckpt.pt"
+    if bad == "truncated":
+        assert run_main(TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]) == 0
+        path.write_bytes(path.read_bytes()[:3000])
+        capsys.readouterr()
     elif bad == "pickled_object":
-        torch.save({"model": NotATensor()}, tmp_path / "ckpt.pt")  # loading would need to run code
+        torch.save({"model": NotATensor()}, path)  # loading would need to run code
+    elif bad == "not_train_py":
+        torch.save({"weights": torch.zeros(2)}, path)
+    elif bad != "missing":
+        path.write_bytes(dict(empty=b"", garbage=b"not a checkpoint", text=b"epoch,loss\n1,0.5\n",
+                              random=bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0),
+                                                         dtype=torch.uint8).tolist()))[bad])
     assert run_main(["--task", "bijection", "--eval_only", "--out_dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and ("no checkpoint" in err or "cannot load checkpoint" in err)
+    want = "no checkpoint" if bad == "missing" else "not a readable train.py checkpoint (truncated or corrupt?)"
+    assert len(err.splitlines()) == 1 and want in err and "weights_only" not in err, err
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -204,6 +219,19 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--task", "bijection", "--data_device", "gpu"], "invalid choice: 'gpu' (choose from 'auto', 'cpu', 'device')"),
     (["--task", "bijection", "--optimizer", "sgd"], "invalid choice: 'sgd' (choose from 'adamw', 'muon')"),
     (["--task", "hmm", "--n_pos", "500"], "n_pos must be in 0..block_size"),
+    (["--lr", "-1e-3"], "--lr must be > 0, got -0.001"),
+    (["--lr", "nan"], "--lr must be a finite number, got nan"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--beta1", "1.5"], "--beta1 must be in [0, 1), got 1.5"),
+    (["--beta2", "-0.1"], "--beta2 must be in [0, 1)"),
+    (["--min_lr_ratio", "-2", "--warmup_iters", "0"], "--min_lr_ratio must be in [0, 1], got -2.0"),
+    (["--weight_decay", "-1"], "--weight_decay must be >= 0"),
+    (["--warmup_iters", "-5"], "--warmup_iters must be >= 0"),
+    (["--grad_clip", "-1"], "--grad_clip must be >= 0"),
+    (["--lr_decay_iters", "-1"], "--lr_decay_iters must be >= 0"),
+    (["--device", "nonsense"], "--device 'nonsense': expected auto, cpu, cuda, cuda:N or mps"),
+    (["--rule", "delta"], "--rule is an option of --model linear_attn only"),
+    (["--resume", "--overwrite"], "--overwrite starts a new run"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, argv, expect):
     assert run_main(argv + ["--max_iters", "0", "--out_dir", "/nonexistent/never"]) == 2
@@ -215,3 +243,168 @@ def test_cli_exit_code_and_no_traceback():
     p = subprocess.run([sys.executable, "train.py", "--task", "recall", "--n_pairs", "0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "n_pairs must be an int >= 1" in p.stderr
+
+
+def test_schedule_warms_up_decays_by_cosine_and_stays_at_the_minimum():
+    t = dict(lr=1e-3, min_lr_ratio=0.1, warmup_iters=10, max_iters=100, lr_decay_iters=110)
+    lrs = [train.get_lr(i, t) for i in range(130)]
+    assert lrs[0] == pytest.approx(1e-3 / 11) and lrs[9] == pytest.approx(1e-3 * 10 / 11)  # linear warmup
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11])) and lrs[10] == pytest.approx(1e-3)  # the peak
+    assert all(a > b for a, b in zip(lrs[10:110], lrs[11:111]))  # decays...
+    assert lrs[60] == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # ...by a cosine: halfway at the middle
+    assert lrs[110:] == pytest.approx([1e-4] * 20)  # then stays at min_lr_ratio * lr
+    assert train.get_lr(99, t | dict(lr_decay_iters=0)) < train.get_lr(99, t)  # 0 = decay over max_iters
+
+
+def test_a_fresh_run_refuses_an_existing_run_and_overwrite_replaces_it(tmp_path, capsys):
+    argv = TINY + ["--max_iters", "4", "--eval_interval", "2", "--ckpt_schedule", "eval", "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 0
+    before = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
+    capsys.readouterr()
+    assert run_main(argv) == 2  # the same command twice
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path) in err and "--resume" in err and "--overwrite" in err, err
+    assert {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)} == before  # untouched
+    argv = TINY + ["--max_iters", "3", "--eval_interval", "3", "--overwrite", "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 0
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]  # the old run's snapshots are gone
+    assert json.load(open(tmp_path / "results.json"))["iters"] == 3
+
+
+@pytest.mark.parametrize("flag", [["--task", "hmm"], ["--model", "lstm"], ["--preset", "paper"]])
+def test_resume_and_eval_only_refuse_another_task_model_or_preset(tmp_path, capsys, flag):
+    assert run_main(TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]) == 0
+    ckpt = (tmp_path / "ckpt.pt").read_bytes()
+    capsys.readouterr()
+    for mode in ("--resume", "--eval_only"):
+        assert run_main(["--task", "bijection", mode, "--out_dir", str(tmp_path)] + flag) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{flag[0]} {flag[1]} differs from the checkpoint's" in err, err
+    assert (tmp_path / "ckpt.pt").read_bytes() == ckpt
+
+
+def test_resume_keeps_the_schedule_and_lr_decay_iters_extends_a_run(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = TINY + ["--eval_interval", "4", "--warmup_iters", "2"]
+    assert run_main(common + ["--max_iters", "12", "--out_dir", str(a)]) == 0
+    assert run_main(common + ["--max_iters", "8", "--lr_decay_iters", "12", "--out_dir", str(b)]) == 0
+    assert run_main(["--task", "bijection", "--resume", "--max_iters", "12", "--out_dir", str(b)]) == 0
+    sa, sb = (torch.load(d / "ckpt.pt", weights_only=True) for d in (a, b))
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+    lrs = lambda s: [g["lr"] for o in s["optimizer"] for g in o["param_groups"]]
+    assert lrs(sb) == lrs(sa)
+
+
+def test_diverging_run_names_a_last_good_checkpoint_that_exists(tmp_path, capsys):
+    for i, (log, ev) in enumerate([("20", "5"), ("1", "1")]):  # no checkpoint before the blow-up; one every step
+        out = tmp_path / str(i)
+        argv = TINY + ["--lr", "1e6", "--grad_clip", "0", "--warmup_iters", "0", "--max_iters", "40",
+                       "--log_interval", log, "--eval_interval", ev, "--out_dir", str(out)]
+        assert run_main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "stopping; last good checkpoint:" in err, err
+        if "none was saved yet" not in err:
+            state = torch.load(out / "ckpt.pt", weights_only=True)
+            assert f"(step {state['iter']})" in err
+            assert all(torch.isfinite(p).all() for p in state["model"].values())
+            assert all(math.isfinite(v) for h in state["history"] for v in h.values())
+        else:
+            assert not (out / "ckpt.pt").exists()
+
+
+def test_eval_only_at_any_length_for_a_model_without_a_position_table(tmp_path):
+    argv = ["--task", "hmm", "--model", "lstm", "--pos", "none", "--K", "3", "--n_layer", "1", "--d_model", "16",
+            "--max_iters", "2", "--eval_interval", "2", "--eval_samples", "10", "--eval_samples_during", "10",
+            "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 0
+    assert run_main(["--task", "hmm", "--eval_only", "--out_dir", str(tmp_path), "--eval_K", "100"]) == 0
+    assert set(json.load(open(tmp_path / "eval.json"))["metrics"]) == {"default", "K100"}
+
+
+def test_write_file_keeps_the_old_file_when_a_write_fails(tmp_path):
+    path = str(tmp_path / "r.json")
+    train.write_json(path, {"a": 1})
+
+    def half(tmp):
+        open(tmp, "w").write('{"a": ')
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left on device") as e:
+        train.write_file(path, half)
+    assert e.value.filename == path  # named in the one-line report
+    assert json.load(open(path)) == {"a": 1} and os.listdir(tmp_path) == ["r.json"]
+
+
+@pytest.mark.parametrize("fault", ["disk_full", "out_of_memory", "ctrl_c"])
+def test_faults_during_a_run_are_one_line_and_keep_the_last_checkpoint(tmp_path, capsys, monkeypatch, fault):
+    assert run_main(TINY + ["--max_iters", "4", "--eval_interval", "4", "--out_dir", str(tmp_path)]) == 0
+    good = (tmp_path / "ckpt.pt").read_bytes()
+    real_save, real_sample = torch.save, tasks.Bijection.sample
+
+    def full_disk(obj, f, *a, **k):
+        open(f, "wb").write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
+
+    def sample(self, n, g=None):
+        if n < 50:  # a training batch, not the held-out set
+            raise torch.OutOfMemoryError("CUDA out of memory") if fault == "out_of_memory" else KeyboardInterrupt
+        return real_sample(self, n, g)
+
+    monkeypatch.setattr(torch, "save", full_disk) if fault == "disk_full" else \
+        monkeypatch.setattr(tasks.Bijection, "sample", sample)
+    (tmp_path / "ckpt.pt.tmp").write_bytes(b"left by a kill -9")  # removed when the run starts
+    capsys.readouterr()
+    argv = ["--task", "bijection", "--resume", "--max_iters", "8", "--out_dir", str(tmp_path)]
+    if fault == "ctrl_c":  # said, then raised on, so that a sweep calling main() stops too
+        with pytest.raises(KeyboardInterrupt):
+            run_main(argv)
+    else:
+        assert run_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    want = dict(disk_full="ckpt.pt: [enforce fail", out_of_memory="out of memory", ctrl_c="interrupted")[fault]
+    assert len(err.splitlines()) == 1 and want in err and f"kept {tmp_path / 'ckpt.pt'} (step 4)" in err, err
+    assert (tmp_path / "ckpt.pt").read_bytes() == good and sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]
+    monkeypatch.setattr(torch, "save", real_save)
+
+
+def test_out_of_memory_before_the_first_checkpoint_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tasks.Bijection, "sample", lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
+    assert run_main(TINY + ["--max_iters", "4", "--out_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "out of memory" in err and "no checkpoint was saved" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_unusable_out_dir_is_a_one_line_error(tmp_path, capsys, where):
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
+    assert run_main(TINY + ["--max_iters", "2", "--out_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out_dir {out}: cannot write there ({tmp_path / 'f'} is a file)" in err
+
+
+def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
+    argv = [sys.executable, "train.py"] + TINY + ["--max_iters", "100000", "--eval_interval", "5",
+                                                  "--log_interval", "5", "--out_dir", str(tmp_path)]
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=os.environ | {"OMP_NUM_THREADS": "1"})
+    seen = False
+    for line in p.stdout:  # wait for the first checkpoint: the progress line after the first evaluation
+        if seen:
+            break
+        seen = line.startswith("eval step")
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "interrupted at step" in err and f"kept {tmp_path / 'ckpt.pt'} (step" in err
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_ctrl_c_outside_a_run_is_one_line_and_exit_2(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        train.cli(interrupted, "x.py", "nothing was written")
+    assert e.value.code == 2 and capsys.readouterr().err == "x.py: error: interrupted; nothing was written\n"
