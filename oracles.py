@@ -156,6 +156,7 @@ class Metrics:
         self.seqs = 0
         self.sums = dict(abs=0.0, kl=0.0, correct=0.0, oracle_correct=0.0)
         self.curve_model = self.curve_oracle = None  # per query position sums
+        self.by_slot = 0  # recall: (correct, queries) per stored pair
 
     @torch.no_grad()
     def update(self, task, batch, out):
@@ -173,7 +174,11 @@ class Metrics:
             H_model, H_oracle = entropy_bits(log_q.exp()), entropy_bits(p)
             kl = (p * (torch.where(p > 0, p.log(), torch.zeros_like(p)) - log_q)).sum(-1) / LOG2
             ans = true_answer(task, batch).cpu()[m]
-            self.sums["correct"] += (log_q.argmax(-1) == ans).sum().item()
+            hit = log_q.argmax(-1) == ans
+            self.sums["correct"] += hit.sum().item()
+            if "slot" in batch.latent:  # recall: accuracy by the queried pair's place in the store
+                slot, N = batch.latent["slot"].cpu().reshape(-1), task.n_pairs
+                self.by_slot += torch.stack([torch.bincount(slot, hit.double(), N), torch.bincount(slot, minlength=N)])
             self.sums["oracle_correct"] += p.max(-1).values.sum().item()
         H_model, H_oracle = H_model.view(B, Q), H_oracle.view(B, Q)
         self.sums["abs"] += (H_model - H_oracle).abs().sum().item()
@@ -190,5 +195,7 @@ class Metrics:
                  kl=self.sums["kl"] / self.n, n_sequences=self.seqs)
         if not task.gaussian:
             r.update(accuracy=self.sums["correct"] / self.n, oracle_accuracy=self.sums["oracle_correct"] / self.n)
+        if torch.is_tensor(self.by_slot):
+            r.update(accuracy_by_slot=(self.by_slot[0] / self.by_slot[1].clamp(min=1)).tolist())
         r.update(curve_model=cm.tolist(), curve_oracle=co.tolist())
         return r

@@ -3,7 +3,7 @@ Settings per task and model: `quick` (the default, minutes on a 2-core CPU) and 
 paper's sizes and schedules, for a GPU). train.py layers them: defaults < preset < flags.
 
 Each entry holds `train` (training-loop settings), `task` (task options) and one dict per model
-(model options). The paper sizes follow the paper (arXiv 2512.22471) and the authors' released code.
+(model options, and under `train` that model's own training settings, e.g. its optimizer). The paper sizes follow the paper (arXiv 2512.22471) and the authors' released code.
 `mlp_pos` holds the options of the MLP's other reading (`--model mlp --per_position`, only the
 current token and position), a row of its own in reproduce.py's table.
 The quick sizes were chosen by measurement on a 2-core CPU; README.md has what they reach.
@@ -21,10 +21,14 @@ PRESETS = {
                           transformer=dict(n_layer=3, n_head=4, n_embd=128),
                           mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=192),
                           mlp=dict(n_layer=6, d_model=197), mlp_pos=dict(n_layer=6, d_model=220, per_position=True)),
+        # hmm transformer: Muon leaves the uninformed plateau within ~300 steps; learned rows for the 53 header
+        # tokens (which cell of T or E each one is) and one shared row for every observation position, with
+        # ALiBi giving the order of the observations, so K = 30 and 50 meet no untrained position
         "hmm": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_K=[30, 50]),
-                    transformer=dict(n_layer=4, n_head=4, n_embd=96),
-                    mamba=dict(n_layer=3, d_model=64), lstm=dict(n_layer=2, d_model=168, pos="none"),
-                    mlp=dict(n_layer=6, d_model=115), mlp_pos=dict(n_layer=6, d_model=187, per_position=True)),
+                    transformer=dict(n_layer=4, n_head=4, n_embd=96, pos="learned_alibi", n_pos=54,
+                                     train=dict(optimizer="muon", max_iters=2000)),
+                    mamba=dict(n_layer=3, d_model=64), lstm=dict(n_layer=2, d_model=166, pos="none"),
+                    mlp=dict(n_layer=6, d_model=113), mlp_pos=dict(n_layer=6, d_model=185, per_position=True)),
         "regression": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000),
                            transformer=dict(n_layer=4, n_head=4, n_embd=128),
                            mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=222),
@@ -68,6 +72,11 @@ PRESETS = {
 }
 
 
+def model_options(entry):
+    """A model's preset entry without its own training settings (`train`)."""
+    return {k: v for k, v in entry.items() if k != "train"}
+
+
 def count_params(Config, Model, mc):
     with torch.device("meta"):  # shapes only: no memory, no init work
         return Model(Config(**mc)).num_params()
@@ -79,7 +88,7 @@ def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
     target, field = cfg["train"]["match_params"], getattr(Model, "width_field", "n_embd")
     if target == -1:  # the transformer of this task and preset
         target = count_params(TransformerConfig, Transformer,
-                              task_io | PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {}))
+                              task_io | model_options(PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {})))
     if target < 1:
         raise ValueError(f"--match_params must be a parameter count, 0 (off) or -1 (the transformer's), got {target}")
 

@@ -220,6 +220,13 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
             lines.append(f"| {model} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
                          f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {r['iters']} "
                          f"| {fmt_time(r['wall_time_s'])} | {r['device']} |")
+        slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
+                 if "accuracy_by_slot" in r["metrics"]["default"]]
+        if slots:  # recall: is a miss a pair stored early (forgotten) or any pair (never bound)?
+            n = len(slots[0][1])
+            lines += ["", "Accuracy by the queried pair's place in the store (1 = stored first):", "",
+                      "| model | " + " | ".join(str(i + 1) for i in range(n)) + " |", "|---" * (n + 1) + "|"]
+            lines += [f"| {model} | " + " | ".join(f"{a:.2f}" for a in acc) + " |" for model, acc in slots]
         if rows and figure(task, rows, os.path.join(results_dir, f"entropy_{task}.png")):
             lines += ["", f"![{task}: per-position entropy](entropy_{task}.png)"]
         lines.append("")

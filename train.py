@@ -197,8 +197,9 @@ def build_config(task, model, preset, given):
     ps = PRESETS[preset].get(task, {})
     task_names = {f.name for f in fields(TASKS[task])}
     model_names = {f.name for f in fields(MODELS[model][0])}
-    train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {})
     task_opts, model_opts = dict(ps.get("task", {})), dict(ps.get(model, {}))
+    # a model's own training settings (e.g. its optimizer) sit in its preset entry, over the task's
+    train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {}) | model_opts.pop("train", {})
     for k, v in given.items():
         (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
@@ -716,7 +717,7 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
         elif master:
             if at_eval:
                 history.append(dict(iter=it, loss=lossf, time=elapsed + time.time() - t_start,
-                                    **{k: v for k, v in r.items() if not k.startswith("curve")}))
+                                    **{k: v for k, v in r.items() if not isinstance(v, list)}))
                 print(f"eval step {it}: {summary(r)}")
                 save_checkpoint(ckpt_path, state())
                 progress["kept"] = f"{ckpt_path} (step {it})"  # finite parameters and metrics: a good one

@@ -204,3 +204,21 @@ def test_oracle_refuses_a_batch_of_another_task(task, batch_of):
     task, other = make_task(**task), make_task(**batch_of)
     with pytest.raises(ValueError, match="the batch was not drawn from this task"):
         oracle(task, other.sample(4, gen(0)))
+
+
+def test_recall_accuracy_by_stored_pair_counts_every_query_once():
+    task = make_task("recall", n_pairs=4, n_queries=2, key_vocab=8, value_vocab=8, filler=2)
+    m, hits, counts = Metrics(), torch.zeros(4), torch.zeros(4)
+    for seed in range(3):  # several batches accumulate
+        batch = task.sample(40, torch.Generator().manual_seed(seed))
+        out = torch.randn(40, task.seq_len, task.n_classes, generator=torch.Generator().manual_seed(10 + seed))
+        right = out.argmax(-1)[batch.mask].view(40, 2) == batch.y[batch.mask].view(40, 2)
+        for b in range(40):
+            for q in range(2):
+                s = batch.latent["slot"][b, q]
+                hits[s] += float(right[b, q])
+                counts[s] += 1
+        m.update(task, batch, out)
+    r = m.result(task)
+    assert r["accuracy_by_slot"] == pytest.approx((hits / counts).tolist())
+    assert r["accuracy"] == pytest.approx(hits.sum().item() / counts.sum().item())

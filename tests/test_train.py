@@ -127,7 +127,7 @@ def test_eval_only_and_log_spaced_checkpoints(tmp_path):
 
 def test_eval_only_beyond_the_trained_context_is_a_clear_error(tmp_path, capsys):
     argv = ["--task", "hmm", "--K", "3", "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--max_iters", "2",
-            "--eval_interval", "2", "--eval_K", "4", "--eval_samples", "10", "--eval_samples_during", "10",
+            "--pos", "learned", "--n_pos", "0", "--eval_interval", "2", "--eval_K", "4", "--eval_samples", "10", "--eval_samples_during", "10",
             "--out_dir", str(tmp_path)]
     assert run_main(argv) == 0
     assert run_main(["--task", "hmm", "--eval_only", "--out_dir", str(tmp_path), "--eval_K", "9"]) == 2
@@ -218,7 +218,7 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--task", "bijection", "--data_chunk", "-1"], "--data_chunk must be >= 0"),
     (["--task", "bijection", "--data_device", "gpu"], "invalid choice: 'gpu' (choose from 'auto', 'cpu', 'device')"),
     (["--task", "bijection", "--optimizer", "sgd"], "invalid choice: 'sgd' (choose from 'adamw', 'muon')"),
-    (["--task", "hmm", "--n_pos", "500"], "n_pos must be in 0..block_size"),
+    (["--task", "hmm", "--n_pos", "-1"], "n_pos must be >= 0, got -1"),
     (["--lr", "-1e-3"], "--lr must be > 0, got -0.001"),
     (["--lr", "nan"], "--lr must be a finite number, got nan"),
     (["--lr", "0"], "--lr must be > 0"),

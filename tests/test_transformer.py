@@ -11,9 +11,10 @@ def tiny(**kw):
     return Transformer(TransformerConfig(**(c | kw))).double()
 
 
-@pytest.mark.parametrize("pos", ["learned", "rotary", "alibi", "none"])
-def test_causal_under_future_perturbation(pos):
-    model = tiny(pos=pos)
+@pytest.mark.parametrize("pos,n_pos", [("learned", 0), ("rotary", 0), ("alibi", 0), ("none", 0),
+                                       ("learned_alibi", 0), ("learned_alibi", 6)])
+def test_causal_under_future_perturbation(pos, n_pos):
+    model = tiny(pos=pos, n_pos=n_pos)
     x = torch.randint(12, (3, 16))
     out = model(x)
     for t in (0, 5, 14):
@@ -79,3 +80,14 @@ def test_bad_configs_and_too_long_sequences():
     with pytest.raises(ValueError, match="pos must be one of"):
         tiny(pos="sinusoidal")
     tiny(pos="rotary")(torch.randint(12, (1, 40)))  # rotary has no fixed table
+
+
+def test_positions_from_n_pos_on_share_the_last_learned_row():
+    model = tiny(pos="learned_alibi", n_pos=6)
+    assert model.wpe.num_embeddings == 6
+    x = torch.randint(12, (2, 40))  # longer than block_size: the table never runs out
+    out = model(x)
+    with torch.no_grad():
+        model.wpe.weight[5] += 1.0  # the shared row moves every position from 5 on, and no earlier one
+    moved = (model(x) - out).abs().amax((0, 2))
+    assert moved[:5].max() == 0 and moved[5:].min() > 0
