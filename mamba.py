@@ -98,20 +98,14 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     mode = mode or DEFAULT_SCAN.get(u.device.type, "chunked")
     dtype_in, dtype = u.dtype, torch.promote_types(u.dtype, torch.float32)
     with torch.autocast(u.device.type, enabled=False):  # bf16 autocast must not reach the recurrence
-        u, delta, A, B, C = (t.to(dtype) for t in (u, delta, A, B, C))
-        if delta_bias is not None:
-            delta = delta + delta_bias.to(dtype)[:, None]
-        if delta_softplus:
-            delta = F.softplus(delta)
-        # time-first and contiguous: each step reads and writes whole blocks of memory
-        y, last_state = SelectiveScan.apply(*(rearrange(t, "b d l -> l b d").contiguous() for t in (u, delta)), A,
-                                            *(rearrange(t, "b n l -> l b n").contiguous() for t in (B, C)),
-                                            chunk, mode == "chunked")
+        first = lambda t, p: None if t is None else rearrange(t.to(dtype), p)  # time-first views
+        # u, delta, B, C contiguous: each step then reads whole blocks of memory; z stays a view
+        y, last_state = SelectiveScan.apply(
+            *(first(t, "b d l -> l b d").contiguous() for t in (u, delta)), A.to(dtype),
+            *(first(t, "b n l -> l b n").contiguous() for t in (B, C)),
+            None if D is None else D.to(dtype), first(z, "b d l -> l b d"),
+            None if delta_bias is None else delta_bias.to(dtype), delta_softplus, chunk, mode == "chunked")
         y = rearrange(y, "l b d -> b d l")
-        if D is not None:
-            y = y + u * D.to(dtype)[:, None]
-        if z is not None:
-            y = y * F.silu(z.to(dtype))
     y = y.to(dtype_in)
     return (y, last_state) if return_last_state else y
 
@@ -182,53 +176,91 @@ class SelectiveScan(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, chunk, parallel):
-        ctx.chunk, ctx.parallel = chunk, parallel
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, chunk, parallel):
+        ctx.chunk, ctx.parallel, ctx.softplus = chunk, parallel, softplus
+        dt = step_sizes(delta, delta_bias, softplus)
         if parallel:
-            ctx.save_for_backward(u, delta, A, B, C)
-            y, H = scan_parallel(u, delta, A, B, C)
-            return y, H[-1].clone()
-        (l, b, d), n = u.shape, A.shape[1]
-        h, starts, y = u.new_zeros(b, d, n), [], torch.empty_like(u)
-        for t in range(l):
-            if t % chunk == 0:
-                starts.append(h)
-            h = torch.addcmul((delta[t] * u[t])[..., None] * B[t, :, None], torch.exp(delta[t, ..., None] * A), h)
-            torch.sum(h * C[t, :, None], -1, out=y[t])  # y_t = C_t h_t; 2.5x faster than a bmm matvec
-        ctx.save_for_backward(u, delta, A, B, C, torch.stack(starts))
-        return y, h
+            y, H = scan_parallel(u, dt, A, B, C)
+            last, starts = H[-1].clone(), None
+        else:
+            y, last, starts = scan_blocks(u, dt, A, B, C, chunk)
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, starts, y if z is not None else None)
+        return gate(y, u, D, z), last
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, gy, g_last):
-        with torch.autocast(gy.device.type, enabled=False):  # float32 maths, as in the forward
-            u, delta, A, B, C, *starts = ctx.saved_tensors
-            (l, b, d), n, chunk = u.shape, A.shape[1], ctx.chunk
+    def backward(ctx, g_out, g_last):
+        with torch.autocast(g_out.device.type, enabled=False):  # float32 maths, as in the forward
+            u, delta, A, B, C, D, z, delta_bias, starts, y = ctx.saved_tensors
+            (l, b, d), n = u.shape, A.shape[1]
             g = u.new_zeros(b, d, n) if g_last is None else g_last.to(u.dtype)  # dL/dh_l from the last state
-            gy = torch.zeros_like(u) if gy is None else gy.to(u.dtype)
+            gy = torch.zeros_like(u) if g_out is None else g_out.to(u.dtype)
+            g_D = g_z = None
+            if z is not None:  # out = (y + D u) SiLU(z); SiLU'(z) = σ(z) (1 + z (1 - σ(z)))
+                s = torch.sigmoid(z)
+                g_z = gy * gate(y, u, D, None) * s * (1 + z * (1 - s))
+                gy = gy * z * s
+            if D is not None:
+                g_D = (gy * u).sum((0, 1))
+            dt = step_sizes(delta, delta_bias, ctx.softplus)
             if ctx.parallel:
-                return *scan_parallel_backward(u, delta, A, B, C, gy, g), None, None
-            starts = starts[0]
-            gu, gdelta, gB, gC = (torch.empty_like(t) for t in (u, delta, B, C))
-            gA = torch.zeros_like(g)  # Σ_t dL/d(Δ_t A) Δ_t, summed over the batch at the end
-            for i in reversed(range(len(starts))):
-                steps = range(i * chunk, min((i + 1) * chunk, l))
-                hs, dAs, h = [], [], starts[i]  # recompute the block: h_{t-1} and exp(Δ_t A) for each step
-                for t in steps:
-                    hs.append(h)
-                    dAs.append(torch.exp_(delta[t, ..., None] * A))
-                    h = torch.addcmul((delta[t] * u[t])[..., None] * B[t, :, None], dAs[-1], h)
-                for t, h_prev, dA in zip(reversed(steps), reversed(hs), reversed(dAs)):
-                    g = torch.addcmul(g, gy[t, ..., None], C[t, :, None])  # g_t (the carry held exp(Δ_{t+1}A) g_{t+1})
-                    torch.sum(gy[t, ..., None] * h, 1, out=gC[t])  # mul + sum: faster than bmm matvecs on CPU
-                    torch.sum(g * (delta[t] * u[t])[..., None], 1, out=gB[t])
-                    g_du = torch.sum(g * B[t, :, None], -1)
-                    g_dA = g * h_prev * dA  # dL/d(Δ_t A)
-                    gA.addcmul_(g_dA, delta[t, ..., None])
-                    torch.addcmul(torch.sum(g_dA * A, -1), g_du, u[t], out=gdelta[t])
-                    torch.mul(g_du, delta[t], out=gu[t])
-                    g, h = g * dA, h_prev  # carry exp(Δ_t A) g_t to step t-1
-            return gu, gdelta, gA.sum(0), gB, gC, None, None
+                gu, gdt, gA, gB, gC = scan_parallel_backward(u, dt, A, B, C, gy, g)
+            else:
+                gu, gdt, gA, gB, gC = scan_blocks_backward(u, dt, A, B, C, gy, g, starts, ctx.chunk)
+            if D is not None:
+                gu += gy * D
+            g_delta = gdt * torch.sigmoid(delta if delta_bias is None else delta + delta_bias) if ctx.softplus else gdt
+            g_bias = None if delta_bias is None else g_delta.sum((0, 1))
+            return gu, g_delta, gA, gB, gC, g_D, g_z, g_bias, None, None, None
+
+
+def step_sizes(delta, delta_bias, softplus):
+    """Δ = softplus(delta + delta_bias), each part optional (the official kernel's options)."""
+    delta = delta if delta_bias is None else delta + delta_bias
+    return F.softplus(delta) if softplus else delta
+
+
+def gate(y, u, D, z):
+    """The block's y + D u (the skip), times SiLU(z) (the gate)."""
+    y = y if D is None else y + u * D
+    return y if z is None else y * F.silu(z)
+
+
+def scan_blocks(u, delta, A, B, C, chunk):
+    """SelectiveScan's sequential forward: y (l, b, d), the last state and the state entering every block."""
+    (l, b, d), n = u.shape, A.shape[1]
+    h, starts, y = u.new_zeros(b, d, n), [], torch.empty_like(u)
+    for t in range(l):
+        if t % chunk == 0:
+            starts.append(h)
+        h = torch.addcmul((delta[t] * u[t])[..., None] * B[t, :, None], torch.exp(delta[t, ..., None] * A), h)
+        torch.sum(h * C[t, :, None], -1, out=y[t])  # y_t = C_t h_t; 2.5x faster than a bmm matvec
+    return y, h, torch.stack(starts)
+
+
+def scan_blocks_backward(u, delta, A, B, C, gy, g, starts, chunk):
+    """SelectiveScan's sequential backward (its docstring): the gradients of u, Δ, A, B, C."""
+    l = u.shape[0]
+    gu, gdelta, gB, gC = (torch.empty_like(t) for t in (u, delta, B, C))
+    gA = torch.zeros_like(g)  # Σ_t dL/d(Δ_t A) Δ_t, summed over the batch at the end
+    for i in reversed(range(len(starts))):
+        steps = range(i * chunk, min((i + 1) * chunk, l))
+        hs, dAs, h = [], [], starts[i]  # recompute the block: h_{t-1} and exp(Δ_t A) for each step
+        for t in steps:
+            hs.append(h)
+            dAs.append(torch.exp_(delta[t, ..., None] * A))
+            h = torch.addcmul((delta[t] * u[t])[..., None] * B[t, :, None], dAs[-1], h)
+        for t, h_prev, dA in zip(reversed(steps), reversed(hs), reversed(dAs)):
+            g = torch.addcmul(g, gy[t, ..., None], C[t, :, None])  # g_t (the carry held exp(Δ_{t+1}A) g_{t+1})
+            torch.sum(gy[t, ..., None] * h, 1, out=gC[t])  # mul + sum: faster than bmm matvecs on CPU
+            torch.sum(g * (delta[t] * u[t])[..., None], 1, out=gB[t])
+            g_du = torch.sum(g * B[t, :, None], -1)
+            g_dA = g * h_prev * dA  # dL/d(Δ_t A)
+            gA.addcmul_(g_dA, delta[t, ..., None])
+            torch.addcmul(torch.sum(g_dA * A, -1), g_du, u[t], out=gdelta[t])
+            torch.mul(g_du, delta[t], out=gu[t])
+            g, h = g * dA, h_prev  # carry exp(Δ_t A) g_t to step t-1
+    return gu, gdelta, gA.sum(0), gB, gC
 
 
 # -----------------------------------------------------------------------------

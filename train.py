@@ -12,8 +12,9 @@ the preset for the task (PRESETS), then the command line (`--key value` or `--ke
 Task options (e.g. --V, --K) and model options (e.g. --n_layer) are flags too; `--help` lists
 those of the chosen --task and --model.
 
-Recipe (AdamW, linear warmup then cosine decay, gradient clipping) with a fresh batch every
-step from a seeded generator, every scored position supervised. When training on CUDA the batches
+Recipe: AdamW, or with --optimizer muon torch.optim.Muon on the hidden weight matrices and AdamW
+on the rest (the preset chooses per task and model); linear warmup then cosine decay, gradient
+clipping; a fresh batch every step from a seeded generator, every scored position supervised. When training on CUDA the batches
 are drawn on the GPU, 16 per sampler call (--data_device, --data_chunk); the hot loop reads
 nothing back from the GPU except at log lines. Evaluation uses held-out
 sequences from a fixed seed; hmm is also evaluated at K = 30 and 50 (length generalisation).
