@@ -88,6 +88,7 @@ def test_bench_counts_the_flops_of_every_model(tmp_path):
         # uncounted (the LSTM's fused layers, CPU attention) would land far below
         assert r["gflop_per_step"] * 1e9 >= 0.7 * 6 * r["params"] * r["batch"] * r["seq_len"]
         assert r["tokens_per_s"] > 0 and 0 <= r["data_share"] < 1 and 0 <= r["oracle_share"] < 1
+        assert (r["scan_fwd_s"] > 0 and r["scan_bwd_s"] > 0) == (r["model"] == "mamba")  # the scan's share of a step
 
 
 def test_bench_rejects_unknown_models_and_sizes(capsys):
