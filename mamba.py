@@ -41,14 +41,21 @@ decay, so both are finite at any length.
 """
 from dataclasses import dataclass
 import math
+import os
+import warnings
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-SCAN_MODES = ("sequential", "chunked")
-DEFAULT_SCAN = {"cpu": "sequential"}  # mode=None: sequential on a CPU, chunked elsewhere (bench_scan.py times both)
+SCAN_MODES = ("sequential", "compiled", "chunked")
+# mode=None: on a CPU the sequential loop with each step fused by torch.compile (eager where compiling
+# fails), chunked elsewhere. WINDTUNNEL_SCAN sets the CPU's mode instead (the tests run "sequential":
+# compiling takes seconds for each new shape).
+DEFAULT_SCAN = {"cpu": os.environ.get("WINDTUNNEL_SCAN", "compiled")}
+if DEFAULT_SCAN["cpu"] not in SCAN_MODES:
+    raise ValueError(f"WINDTUNNEL_SCAN={DEFAULT_SCAN['cpu']!r}: valid modes are {', '.join(SCAN_MODES)}")
 DEFAULT_CHUNK = 16  # steps between the states the sequential scan keeps for the backward
 
 
@@ -104,7 +111,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
             *(first(t, "b d l -> l b d").contiguous() for t in (u, delta)), A.to(dtype),
             *(first(t, "b n l -> l b n").contiguous() for t in (B, C)),
             None if D is None else D.to(dtype), first(z, "b d l -> l b d"),
-            None if delta_bias is None else delta_bias.to(dtype), delta_softplus, chunk, mode == "chunked")
+            None if delta_bias is None else delta_bias.to(dtype), delta_softplus, chunk, mode)
         y = rearrange(y, "l b d -> b d l")
     y = y.to(dtype_in)
     return (y, last_state) if return_last_state else y
@@ -160,30 +167,32 @@ def scan_parallel_backward(u, delta, A, B, C, gy, g_last):
 class SelectiveScan(torch.autograd.Function):
     """y_t = C_t h_t with h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t u_t (eq. 2a, 2b, 4), storing no per-step states.
 
-    Inputs are time-first: u, delta (l, b, d); A (d, n); B, C (l, b, n). Returns y (l, b, d) and the
-    last state (b, d, n). The forward keeps only the state entering every block of `chunk` steps:
-    memory O(b d n l / chunk) per layer instead of autograd's O(b d n l). The backward walks the blocks
-    from the last: it recomputes a block's states from its entering state, then runs the adjoint
-    recurrence backwards in time,
+    Inputs are time-first: u, delta (l, b, d); A (d, n); B, C (l, b, n); D, delta_bias (d,); z (l, b, d).
+    Returns (y + D u) SiLU(z) (l, b, d), with Δ = softplus(delta + delta_bias), and the last state
+    (b, d, n); the skip, gate, bias and softplus are inside, as in the official kernel, so that a
+    layer keeps one copy of each input for the backward and nothing per step. Modes "sequential"
+    and "compiled" (each step fused by torch.compile) keep the state entering every block of `chunk`
+    steps: O(b d n l / chunk) per layer instead of autograd's O(b d n l). The backward walks the
+    blocks from the last: it recomputes a block's states from its entering state, then runs the
+    adjoint recurrence backwards in time,
         g_t = dL/dh_t = C_t dL/dy_t + exp(Δ_{t+1} A) g_{t+1},
     and reads each step's gradients off h_{t-1}, h_t and g_t:
         dL/dC_t = Σ_d dL/dy_t h_t,   dL/d(Δ_t u_t) = Σ_n g_t B_t,   dL/dB_t = Σ_d g_t Δ_t u_t,
         dL/d(Δ_t A) = g_t h_{t-1} exp(Δ_t A)  (-> Δ_t through A, A through Δ_t).
-    Every tensor in the loops is one step's (b, d, n) slice, small enough to stay in cache; building
-    (chunk, b, d, n) blocks instead was several times slower on CPU.
-    parallel=True runs the same maths on whole (l, b, d, n) tensors with `linear_scan`'s chunked form
-    (mode "chunked", for GPUs): it keeps only the inputs, and its backward recomputes everything.
+    Every tensor in the loops is one step's (b, d, n) slice, small enough to stay in cache.
+    Mode "chunked" runs the same maths on whole (l, b, d, n) tensors with `linear_scan`'s chunked
+    form (for GPUs): it keeps only the inputs, and its backward recomputes everything.
     """
 
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, chunk, parallel):
-        ctx.chunk, ctx.parallel, ctx.softplus = chunk, parallel, softplus
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, chunk, mode):
+        ctx.chunk, ctx.mode, ctx.softplus = chunk, mode, softplus
         dt = step_sizes(delta, delta_bias, softplus)
-        if parallel:
+        if mode == "chunked":
             y, H = scan_parallel(u, dt, A, B, C)
             last, starts = H[-1].clone(), None
         else:
-            y, last, starts = scan_blocks(u, dt, A, B, C, chunk)
+            y, last, starts = scan_blocks(u, dt, A, B, C, chunk, mode)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, starts, y if z is not None else None)
         return gate(y, u, D, z), last
 
@@ -203,10 +212,10 @@ class SelectiveScan(torch.autograd.Function):
             if D is not None:
                 g_D = (gy * u).sum((0, 1))
             dt = step_sizes(delta, delta_bias, ctx.softplus)
-            if ctx.parallel:
+            if ctx.mode == "chunked":
                 gu, gdt, gA, gB, gC = scan_parallel_backward(u, dt, A, B, C, gy, g)
             else:
-                gu, gdt, gA, gB, gC = scan_blocks_backward(u, dt, A, B, C, gy, g, starts, ctx.chunk)
+                gu, gdt, gA, gB, gC = scan_blocks_backward(u, dt, A, B, C, gy, g, starts, ctx.chunk, ctx.mode)
             if D is not None:
                 gu += gy * D
             g_delta = gdt * torch.sigmoid(delta if delta_bias is None else delta + delta_bias) if ctx.softplus else gdt
@@ -226,41 +235,74 @@ def gate(y, u, D, z):
     return y if z is None else y * F.silu(z)
 
 
-def scan_blocks(u, delta, A, B, C, chunk):
+def scan_step(h, dt, u, B, C, A):
+    """One step of the recurrence on (b, d, n): h_t = exp(Δ_t A) h_{t-1} + Δ_t u_t B_t, y_t = C_t h_t."""
+    h = torch.exp(dt[..., None] * A) * h + (dt * u)[..., None] * B[:, None]
+    return h, (h * C[:, None]).sum(-1)
+
+
+def adjoint_step(g, gy, h, h_prev, dt, u, B, C, A):
+    """One step back (SelectiveScan's docstring), from g = exp(Δ_{t+1} A) g_{t+1}: the carry exp(Δ_t A) g_t
+    and the step's gradients of u, Δ, B, C, and of A summed over the batch."""
+    dA = torch.exp(dt[..., None] * A)
+    g = g + gy[..., None] * C[:, None]  # g_t
+    g_du = (g * B[:, None]).sum(-1)  # dL/d(Δ_t u_t)
+    g_dA = g * h_prev * dA  # dL/d(Δ_t A)
+    return (g * dA, g_du * dt, (g_dA * A).sum(-1) + g_du * u, (g * (dt * u)[..., None]).sum(1),
+            (gy[..., None] * h).sum(1), (g_dA * dt[..., None]).sum(0))
+
+
+class Fused:
+    """fn through torch.compile, which fuses a step's dozen elementwise passes over (b, d, n) into one
+    loop; fn itself (eager) from the first time compiling fails, e.g. where no C++ compiler is found."""
+
+    def __init__(self, fn):
+        self.fn, self.compiled = fn, None
+
+    def __call__(self, *args):
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn)
+        try:
+            return self.compiled(*args)
+        except Exception as e:
+            if self.compiled is self.fn:
+                raise
+            warnings.warn(f"mamba: torch.compile of the scan step failed ({type(e).__name__}); running it eager")
+            self.compiled = self.fn
+            return self.fn(*args)
+
+
+STEPS = {"sequential": (scan_step, adjoint_step), "compiled": (Fused(scan_step), Fused(adjoint_step))}
+
+
+def scan_blocks(u, delta, A, B, C, chunk, mode):
     """SelectiveScan's sequential forward: y (l, b, d), the last state and the state entering every block."""
+    step = STEPS[mode][0]
     (l, b, d), n = u.shape, A.shape[1]
     h, starts, y = u.new_zeros(b, d, n), [], torch.empty_like(u)
     for t in range(l):
         if t % chunk == 0:
             starts.append(h)
-        h = torch.addcmul((delta[t] * u[t])[..., None] * B[t, :, None], torch.exp(delta[t, ..., None] * A), h)
-        torch.sum(h * C[t, :, None], -1, out=y[t])  # y_t = C_t h_t; 2.5x faster than a bmm matvec
+        h, y[t] = step(h, delta[t], u[t], B[t], C[t], A)
     return y, h, torch.stack(starts)
 
 
-def scan_blocks_backward(u, delta, A, B, C, gy, g, starts, chunk):
-    """SelectiveScan's sequential backward (its docstring): the gradients of u, Δ, A, B, C."""
-    l = u.shape[0]
+def scan_blocks_backward(u, delta, A, B, C, gy, g, starts, chunk, mode):
+    """SelectiveScan's sequential backward: recompute each block from its entering state, then step back."""
+    step, adjoint = STEPS[mode]
     gu, gdelta, gB, gC = (torch.empty_like(t) for t in (u, delta, B, C))
-    gA = torch.zeros_like(g)  # Σ_t dL/d(Δ_t A) Δ_t, summed over the batch at the end
+    gA = torch.zeros_like(A)
     for i in reversed(range(len(starts))):
-        steps = range(i * chunk, min((i + 1) * chunk, l))
-        hs, dAs, h = [], [], starts[i]  # recompute the block: h_{t-1} and exp(Δ_t A) for each step
+        steps = range(i * chunk, min((i + 1) * chunk, u.shape[0]))
+        hs, h = [], starts[i]
         for t in steps:
             hs.append(h)
-            dAs.append(torch.exp_(delta[t, ..., None] * A))
-            h = torch.addcmul((delta[t] * u[t])[..., None] * B[t, :, None], dAs[-1], h)
-        for t, h_prev, dA in zip(reversed(steps), reversed(hs), reversed(dAs)):
-            g = torch.addcmul(g, gy[t, ..., None], C[t, :, None])  # g_t (the carry held exp(Δ_{t+1}A) g_{t+1})
-            torch.sum(gy[t, ..., None] * h, 1, out=gC[t])  # mul + sum: faster than bmm matvecs on CPU
-            torch.sum(g * (delta[t] * u[t])[..., None], 1, out=gB[t])
-            g_du = torch.sum(g * B[t, :, None], -1)
-            g_dA = g * h_prev * dA  # dL/d(Δ_t A)
-            gA.addcmul_(g_dA, delta[t, ..., None])
-            torch.addcmul(torch.sum(g_dA * A, -1), g_du, u[t], out=gdelta[t])
-            torch.mul(g_du, delta[t], out=gu[t])
-            g, h = g * dA, h_prev  # carry exp(Δ_t A) g_t to step t-1
-    return gu, gdelta, gA.sum(0), gB, gC
+            h, _ = step(h, delta[t], u[t], B[t], C[t], A)
+        for t, h_prev in zip(reversed(steps), reversed(hs)):
+            g, gu[t], gdelta[t], gB[t], gC[t], gA_t = adjoint(g, gy[t], h, h_prev, delta[t], u[t], B[t], C[t], A)
+            gA += gA_t
+            h = h_prev
+    return gu, gdelta, gA, gB, gC
 
 
 # -----------------------------------------------------------------------------
