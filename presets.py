@@ -30,7 +30,7 @@ PRESETS = {
                     mamba=dict(n_layer=3, d_model=64), lstm=dict(n_layer=2, d_model=166, pos="none"),
                     mlp=dict(n_layer=6, d_model=113), mlp_pos=dict(n_layer=6, d_model=185, per_position=True)),
         "regression": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000),
-                           transformer=dict(n_layer=4, n_head=4, n_embd=128),
+                           transformer=dict(n_layer=4, n_head=4, n_embd=128, train=dict(optimizer="muon")),
                            mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=222),
                            mlp=dict(n_layer=6, d_model=235), mlp_pos=dict(n_layer=6, d_model=255, per_position=True)),
         # recall: fewer pairs than the paper so it trains in minutes. ALiBi's recency bias (16 heads, the
