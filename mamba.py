@@ -442,6 +442,10 @@ class Mamba(nn.Module):
         B, T = x.shape[:2]
         if c.pos == "learned" and T > c.block_size:
             raise ValueError(f"sequence length {T} exceeds the model's position table block_size={c.block_size}")
+        # on a GPU the embedding's own assert fires: a check there would make every step wait for the device
+        if c.vocab_size and x.device.type == "cpu" and not torch.compiler.is_compiling() and x.numel():
+            if not 0 <= x.min() <= x.max() < c.vocab_size:
+                raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got {x.min().item()}..{x.max().item()}")
         h = self.wte(x)  # (B, T, d_model)
         if self.wpe is not None:
             h = h + self.wpe(torch.arange(T, device=h.device))

@@ -181,7 +181,7 @@ def test_match_params_skips_widths_the_model_rejects_and_errors_when_out_of_reac
         train.build(cfg, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("model", ["transformer", "lstm", "mlp", "linear_attn"])
+@pytest.mark.parametrize("model", ["transformer", "mamba", "lstm", "mlp", "linear_attn"])
 def test_a_token_outside_the_vocabulary_is_a_clear_error(model):
     cfg = train.build_config("bijection", model, "quick", dict(V=4, n_layer=1))
     _, _, net, _, _ = train.build(cfg, torch.device("cpu"))
