@@ -39,7 +39,7 @@ PRESETS = {
         # 4-8 ALiBi heads for some seeds, training sat on the "any stored value" plateau (loss ln N) for thousands
         "recall": dict(task=dict(n_pairs=8, n_queries=8, key_vocab=32, value_vocab=32, filler=4),
                        train=dict(max_iters=1500, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=250),
-                       transformer=dict(n_layer=2, n_head=16, n_embd=128, pos="alibi"),
+                       transformer=dict(n_layer=2, n_head=16, n_embd=128, pos="alibi", train=dict(optimizer="muon")),
                        # Mamba binds with 32 state dimensions per channel and Muon: 100% by step 1,000; with
                        # 16 it sat near 21% (results/mamba.md)
                        mamba=dict(n_layer=2, d_model=128, d_state=32, train=dict(optimizer="muon")),
