@@ -144,17 +144,17 @@ def linear_scan(a, x, h, reverse=False):
 
 
 def scan_parallel(u, delta, A, B, C):
-    """The chunked form of SelectiveScan's forward on whole (l, b, d, n) tensors, for GPUs: y and the
-    states, from 2 sqrt(l) steps of work on large tensors instead of l steps on small ones."""
-    H = linear_scan(torch.exp(delta[..., None] * A), (delta * u)[..., None] * B[:, :, None], u.new_zeros(*u.shape[1:], A.shape[1]))
-    return (H @ C[..., None]).squeeze(-1), H
+    """The chunked form of SelectiveScan's forward on whole (l, b, d, n) tensors, for GPUs: y, the states
+    and exp(Δ A), from 2 sqrt(l) steps of work on large tensors instead of l steps on small ones."""
+    dA = torch.exp(delta[..., None] * A)
+    H = linear_scan(dA, (delta * u)[..., None] * B[:, :, None], u.new_zeros(*u.shape[1:], A.shape[1]))
+    return (H @ C[..., None]).squeeze(-1), H, dA
 
 
 def scan_parallel_backward(u, delta, A, B, C, gy, g_last):
     """The gradients of scan_parallel's y (and last state), recomputing its states: the adjoint
     recurrence of SelectiveScan's docstring, run by linear_scan backwards in time."""
-    dA = torch.exp(delta[..., None] * A)
-    y, H = scan_parallel(u, delta, A, B, C)
+    _, H, dA = scan_parallel(u, delta, A, B, C)
     a_next = torch.cat([dA[1:], torch.ones_like(dA[:1])])
     G = linear_scan(a_next, gy[..., None] * C[:, :, None], g_last, reverse=True)  # g_t = dL/dh_t
     gC = (gy[:, :, None] @ H).squeeze(-2)
@@ -189,7 +189,7 @@ class SelectiveScan(torch.autograd.Function):
         ctx.chunk, ctx.mode, ctx.softplus = chunk, mode, softplus
         dt = step_sizes(delta, delta_bias, softplus)
         if mode == "chunked":
-            y, H = scan_parallel(u, dt, A, B, C)
+            y, H, _ = scan_parallel(u, dt, A, B, C)
             last, starts = H[-1].clone(), None
         else:
             y, last, starts = scan_blocks(u, dt, A, B, C, chunk, mode)

@@ -3,7 +3,8 @@ Settings per task and model: `quick` (the default, minutes on a 2-core CPU) and 
 paper's sizes and schedules, for a GPU). train.py layers them: defaults < preset < flags.
 
 Each entry holds `train` (training-loop settings), `task` (task options) and one dict per model
-(model options, and under `train` that model's own training settings, e.g. its optimizer). The paper sizes follow the paper (arXiv 2512.22471) and the authors' released code.
+(model options, and under `train` that model's own training settings, e.g. its optimizer). The paper
+sizes follow the paper (arXiv 2512.22471) and the authors' released code.
 `mlp_pos` holds the options of the MLP's other reading (`--model mlp --per_position`, only the
 current token and position), a row of its own in reproduce.py's table.
 The quick sizes were chosen by measurement on a 2-core CPU; README.md has what they reach.

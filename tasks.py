@@ -323,7 +323,8 @@ class Recall(Task):
         x = torch.cat(parts, 1)
         answer = torch.full_like(x, IGNORE)  # read at the queried keys: 4N + F + 1, then every 3 + F/2 tokens
         answer[:, 4 * N + self.filler + 1::3 + self.filler // 2] = vals.gather(1, which)
-        return Batch(x, answer, answer != IGNORE, dict(answer=answer, slot=which))  # slot: the queried pair's place in the store
+        # slot: the queried pair's place in the store (accuracy by slot tells forgetting from never binding)
+        return Batch(x, answer, answer != IGNORE, dict(answer=answer, slot=which))
 
 
 # -----------------------------------------------------------------------------

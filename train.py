@@ -14,9 +14,9 @@ those of the chosen --task and --model.
 
 Recipe: AdamW, or with --optimizer muon torch.optim.Muon on the hidden weight matrices and AdamW
 on the rest (the preset chooses per task and model); linear warmup then cosine decay, gradient
-clipping; a fresh batch every step from a seeded generator, every scored position supervised. When training on CUDA the batches
-are drawn on the GPU, 16 per sampler call (--data_device, --data_chunk); the hot loop reads
-nothing back from the GPU except at log lines. Evaluation uses held-out
+clipping; a fresh batch every step from a seeded generator, every scored position supervised.
+When training on CUDA the batches are drawn on the GPU, 16 per sampler call (--data_device,
+--data_chunk); the hot loop reads nothing back from the GPU except at log lines. Evaluation uses held-out
 sequences from a fixed seed; hmm is also evaluated at K = 30 and 50 (length generalisation).
 A run writes `ckpt.pt` and `results.json` (config, parameter count, every metric, per-position
 model vs oracle entropy curves, history, wall time, device, seed, code version) to --out_dir.
@@ -270,7 +270,8 @@ class Optimizers:
             raise ValueError(f"the checkpoint holds {len(states)} optimizer states, this run has {len(self.opts)}")
         kernel = ("fused", "foreach", "capturable")
         for o, state in zip(self.opts, states):
-            groups = [g | {k: new[k] for k in kernel if k in new} for g, new in zip(state["param_groups"], o.param_groups)]
+            groups = [g | {k: new[k] for k in kernel if k in new}
+                      for g, new in zip(state["param_groups"], o.param_groups)]
             o.load_state_dict(state | {"param_groups": groups})
 
 
