@@ -575,7 +575,10 @@ def run(cfg, resume_state=None, eval_only=False):
     progress = dict(step=resume_state["iter"] if resume_state else 0, created=None if os.path.exists(new) else new,
                     kept=kept)
     try:
-        return train_loop(cfg, device, rank, world, resume_state, eval_only, progress)
+        code = train_loop(cfg, device, rank, world, resume_state, eval_only, progress)
+        if world > 1:  # rank 0 evaluates and writes alone at the end: no rank tears the group down before it is done
+            dist.barrier()
+        return code
     except BaseException as e:
         if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
             raise
