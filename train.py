@@ -279,7 +279,7 @@ def make_optimizer(model, train, device):
     """AdamW with decoupled weight decay on matrices and embeddings, or (--optimizer muon) Muon on the
     2-D weights of the hidden layers and AdamW on embeddings, read-ins, heads, gains and biases. Muon's
     update is rescaled to AdamW's RMS (Moonshot's rule), so both take the same --lr and schedule."""
-    named = [(n, p) for n, p in model.named_parameters()]
+    named = list(model.named_parameters())
     hidden = lambda n, p: train["optimizer"] == "muon" and p.dim() == 2 and n.startswith(("blocks.", "layers."))
     decays = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
     rest = [p for n, p in named if not hidden(n, p)]
@@ -297,7 +297,6 @@ def make_optimizer(model, train, device):
     muon = torch.optim.Muon([p for n, p in named if hidden(n, p)], lr=train["lr"],
                             weight_decay=train["weight_decay"], adjust_lr_fn="match_rms_adamw")
     return Optimizers(adamw, muon)
-
 
 
 def check_recipe(train):
