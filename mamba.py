@@ -32,8 +32,9 @@ Glossary (mamba-minimal's names; the paper's notation in brackets):
 Selective scan: `selective_scan` has the arguments and semantics of the official `selective_scan_ref`.
 It runs as one autograd Function (SelectiveScan) that stores no per-step states: the forward keeps the
 state entering every block of `chunk` steps, and the backward recomputes each block's states from it
-and runs the adjoint recurrence backwards in time (equations in SelectiveScan's docstring). Two modes:
-- "sequential": one step at a time on (b, d, n) slices, the fastest on a CPU;
+and runs the adjoint recurrence backwards in time (equations in SelectiveScan's docstring). Three modes:
+- "sequential": one step at a time on (b, d, n) slices (`scan_step`, `adjoint_step`), eager;
+- "compiled": the same loop with each step fused into one kernel by torch.compile, the CPU default;
 - "chunked": the same maths on whole (l, b, d, n) tensors in about 2 sqrt(l) sequential steps
   (`linear_scan`), far fewer kernel launches on a GPU.
 With Δ >= 0 and A <= 0 (always so in the model) every exponent is <= 0 and nothing is divided by a
