@@ -202,7 +202,7 @@ class SelectiveScan(torch.autograd.Function):
     def backward(ctx, g_out, g_last):
         with torch.autocast(g_out.device.type, enabled=False):  # float32 maths, as in the forward
             u, delta, A, B, C, D, z, delta_bias, starts, y = ctx.saved_tensors
-            (l, b, d), n = u.shape, A.shape[1]
+            b, d, n = *u.shape[1:], A.shape[1]
             g = u.new_zeros(b, d, n) if g_last is None else g_last.to(u.dtype)  # dL/dh_l from the last state
             gy = torch.zeros_like(u) if g_out is None else g_out.to(u.dtype)
             g_D = g_z = None
