@@ -1,20 +1,81 @@
 """
-Settings per task and model: `quick` (the default, minutes on a 2-core CPU) and `paper` (the
-paper's sizes and schedules, for a GPU). train.py layers them: defaults < preset < flags.
+Settings: the training defaults (TRAIN), the presets per task and model, and the command line that
+layers them: defaults < preset < flags. train.py, reproduce.py and the other scripts read them here.
 
-Each entry holds `train` (training-loop settings), `task` (task options) and one dict per model
-(model options, and under `train` that model's own training settings, e.g. its optimizer). The paper
-sizes follow the paper (arXiv 2512.22471) and the authors' released code.
-`mlp_pos` holds the options of the MLP's other reading (`--model mlp --per_position`, only the
-current token and position), a row of its own in reproduce.py's table.
-The quick sizes were chosen by measurement on a 2-core CPU; README.md has what they reach.
+Presets: `quick` (the default, minutes on a 2-core CPU) and `paper` (the paper's sizes and schedules,
+for a GPU). Each entry holds `train` (training-loop settings), `task` (task options) and one dict per
+model (model options, and under `train` that model's own training settings, e.g. its optimizer). The
+paper sizes follow the paper (arXiv 2512.22471) and the authors' released code; the quick sizes were
+chosen by measurement on a 2-core CPU (results/table.md has what they reach). `mlp_pos` holds the
+options of the MLP's other reading (`--model mlp --per_position`), a row of its own in reproduce.py.
 
-`match_width` sizes a model to a parameter budget (train.py --match_params), for
-capacity-matched comparisons.
+`match_width` sizes a model to a parameter budget (train.py --match_params), for capacity-matched
+comparisons.
 """
+import argparse
+from dataclasses import fields
+import difflib
+import inspect
+import math
+import os
+import re
+import sys
+
 import torch
 
+from linear_attn import LinearAttention, LinearAttentionConfig
+from lstm import LSTM, LSTMConfig
+from mamba import Mamba, MambaConfig
+from mlp import MLP, MLPConfig
+from tasks import TASKS
 from transformer import Transformer, TransformerConfig
+
+MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba),
+          "lstm": (LSTMConfig, LSTM), "mlp": (MLPConfig, MLP),
+          "linear_attn": (LinearAttentionConfig, LinearAttention)}
+IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # set from the task
+
+TRAIN = {  # name: (default, help); presets and flags override
+    "out_dir": ("", "where to write ckpt.pt and results.json (default out/<task>_<model>)"),
+    "seed": (1337, "seed for the model init and the training batches"),
+    "match_params": (0, "set the model's width so its parameter count is within 2%% of this: 0 = off, "
+                        "-1 = the transformer's count for this task and preset"),
+    "device": ("auto", "auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps"),
+    "dtype": ("auto", "auto (bfloat16 autocast on a CUDA GPU that has it natively, else float32) | float32 | bfloat16"),
+    "compile": (False, "torch.compile the model (falls back to eager if compilation fails)"),
+    "max_iters": (2000, "training steps"),
+    "lr_decay_iters": (0, "steps of the cosine decay, then the final rate (0 = --max_iters); a checkpoint keeps "
+                          "it, so `--resume --max_iters N` runs on at the final rate"),
+    "batch_size": (64, "sequences per step (fresh every step)"),
+    "data_device": ("auto", "where training batches are drawn: auto (on the GPU when training on CUDA, else the CPU) "
+                            "| cpu | device (the training device)"),
+    "data_chunk": (0, "batches drawn per sampler call, which spreads its fixed cost (many small ops) over several "
+                      "steps: 0 = auto (16 when drawing on a GPU, else 1)"),
+    "optimizer": ("adamw", "adamw | muon (torch.optim.Muon on the hidden weight matrices, AdamW on the rest)"),
+    "lr": (1e-3, "peak learning rate"),
+    "min_lr_ratio": (0.1, "final learning rate as a fraction of --lr (cosine decay)"),
+    "warmup_iters": (100, "linear warmup steps"),
+    "weight_decay": (0.01, "AdamW weight decay on matrices and embeddings"),
+    "beta1": (0.9, "AdamW beta1"),
+    "beta2": (0.99, "AdamW beta2"),
+    "grad_clip": (1.0, "clip the gradient norm to this (0 = off)"),
+    "log_interval": (50, "steps between progress lines"),
+    "eval_interval": (500, "steps between held-out evaluations and checkpoints"),
+    "eval_samples": (2000, "held-out sequences in the final evaluation"),
+    "eval_samples_during": (500, "held-out sequences in the evaluations during training"),
+    "eval_seed": (424242, "seed of the held-out sequences, a different stream from the training batches"),
+    "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
+    "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at log-spaced steps"),
+    "stop_at": ("", "stop once a held-out evaluation reaches this, e.g. mae_curve<=0.01 or accuracy>=0.99"),
+    "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
+    "overwrite": (False, "replace the run in --out_dir (its ckpt.pt, snapshots, results.json and eval.json)"),
+    "eval_only": (False, "evaluate the checkpoint in --out_dir and write eval.json"),
+}
+CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer": ("adamw", "muon"),
+           "ckpt_schedule": ("last", "eval", "log"), "data_device": ("auto", "cpu", "device")}
+RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
+             "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
+
 
 PRESETS = {
     "quick": {  # minutes on a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%
@@ -74,6 +135,181 @@ PRESETS = {
                        mlp_pos=dict(n_layer=9, d_model=373, per_position=True)),
     },
 }
+
+
+# -----------------------------------------------------------------------------
+# command line
+
+
+class Parser(argparse.ArgumentParser):
+    """One-line errors (exit code 2) with a did-you-mean hint, instead of the usage block."""
+    elsewhere = {}  # flag -> the tasks/models that have it, for a flag of another task or model
+
+    def error(self, message):
+        m = re.search(r"unrecognized arguments: (\S+)", message)
+        if m:
+            flag = m.group(1).split("=")[0]
+            known = [o for a in self._actions for o in a.option_strings]
+            close = difflib.get_close_matches(flag, known, n=3)
+            if flag in self.elsewhere:
+                message += f" ({flag} is an option of {self.elsewhere[flag]} only)"
+            else:
+                message += f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(join_negative(sys.argv[1:] if args is None else args), namespace)
+
+
+def join_negative(argv):
+    """'--lr -1e-3' -> '--lr=-1e-3': argparse reads a negative number in exponent form as a flag."""
+    out = []
+    for a in argv:
+        if out and re.fullmatch(r"--\w+", out[-1]) and re.fullmatch(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf", a, re.I):
+            out[-1] += "=" + a
+        else:
+            out.append(a)
+    return out
+
+
+def str2bool(s):
+    if isinstance(s, bool) or s.lower() in ("1", "true", "yes"):
+        return True if isinstance(s, str) else s
+    if s.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def field_help(cls):
+    """The one-line comment after each dataclass field, for --help."""
+    src = inspect.getsource(cls)
+    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.*)$", src, re.M))
+
+
+def add_flag(group, name, default, help, ftype=None):
+    ftype = ftype or type(default)
+    if ftype is bool:
+        group.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=None, help=f"{help} (default {default})")
+    elif ftype is list:
+        group.add_argument(f"--{name}", type=int, nargs="*", default=None, help=f"{help} (default {default})")
+    else:
+        group.add_argument(f"--{name}", type=ftype, default=None, choices=CHOICES.get(name), help=f"{help} (default {default})")
+
+
+def parse_args(argv):
+    pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
+    pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
+    pre.add_argument("--model", choices=list(MODELS), help="(default transformer)")
+    pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
+    known, _ = pre.parse_known_args(argv)
+    known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
+    for k, v in dict(task="recall", model="transformer", preset="quick").items():
+        setattr(known, k, getattr(known, k) or v)
+    p = Parser(prog="train.py", description=__doc__.split("\n\n")[0].strip(), parents=[pre], allow_abbrev=False,
+               epilog="Task and model flags depend on --task and --model: see `--task hmm --help`.")
+    owners = {}
+    for kind, table in (("task", TASKS), ("model", {k: c for k, (c, _) in MODELS.items()})):
+        for name, cls in table.items():
+            for f in fields(cls):
+                if f.name not in IO_FIELDS:
+                    owners.setdefault(f"--{f.name}", []).append(f"--{kind} {name}")
+    p.elsewhere = {k: ", ".join(v) for k, v in owners.items()}
+    g = p.add_argument_group("training")
+    for name, (default, help) in TRAIN.items():
+        add_flag(g, name, default, help)
+    for title, cls in ((f"task {known.task}", TASKS[known.task]), (f"model {known.model}", MODELS[known.model][0])):
+        g, helps = p.add_argument_group(title), field_help(cls)
+        for f in fields(cls):
+            if f.name not in IO_FIELDS:
+                add_flag(g, f.name, f.default, helps.get(f.name, ""), f.type)
+    args = p.parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("task", "model", "preset")}
+    return known, given, p
+
+
+def build_config(task, model, preset, given):
+    """defaults < preset < flags, split into train / task / model dicts."""
+    ps = PRESETS[preset].get(task, {})
+    task_names = {f.name for f in fields(TASKS[task])}
+    model_names = {f.name for f in fields(MODELS[model][0])}
+    task_opts, model_opts = dict(ps.get("task", {})), dict(ps.get(model, {}))
+    # a model's own training settings (e.g. its optimizer) sit in its preset entry, over the task's
+    train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {}) | model_opts.pop("train", {})
+    for k, v in given.items():
+        (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
+    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
+    train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
+    return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
+
+
+def resume_config(state, known, given, out_dir):
+    """--resume / --eval_only: the checkpoint's config, with only the RESUMABLE settings changed by flags."""
+    cfg = state["config"]
+    for k, v in known.explicit.items():
+        if cfg.get(k) != v:
+            raise ValueError(f"--{k} {v} differs from the checkpoint's ({cfg.get(k)}) in {out_dir}; "
+                             f"drop --{k}, or pass the --out_dir of a {v} run")
+    cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
+    cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # its own
+    mc = state["model_config"]
+    if "block_size" in mc and mc.get("pos", "learned") == "learned":  # the trained position table fixes it
+        cfg["model_opts"]["block_size"] = mc["block_size"]
+    else:  # no position table: any length
+        cfg["model_opts"].pop("block_size", None)
+    for k, v in given.items():
+        if k in ("resume", "eval_only"):
+            continue
+        if k not in RESUMABLE and v != {**cfg["train"], **cfg["task_opts"], **cfg["model_opts"]}.get(k, v):
+            raise ValueError(f"--{k} cannot change when resuming or evaluating a checkpoint; "
+                             f"changeable: {', '.join(RESUMABLE)}")
+        if k in RESUMABLE:
+            cfg["train"][k] = v
+    cfg["train"]["out_dir"] = out_dir
+    return cfg
+
+
+def check_train(train):
+    """Settings that would crash deep inside torch, or train silently on nonsense (a negative rate), are refused."""
+    rules = dict(lr=(lambda x: x > 0, "> 0"), min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"),
+                 weight_decay=(lambda x: x >= 0, ">= 0"), beta1=(lambda x: 0 <= x < 1, "in [0, 1)"),
+                 beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
+                 warmup_iters=(lambda x: x >= 0, ">= 0"), lr_decay_iters=(lambda x: x >= 0, ">= 0 (0 = --max_iters)"),
+                 max_iters=(lambda x: x >= 0, ">= 0"), data_chunk=(lambda x: x >= 0, ">= 0 (0 = auto)"))
+    rules |= {k: (lambda x: x >= 1, ">= 1") for k in
+              ("batch_size", "log_interval", "eval_interval", "eval_samples", "eval_samples_during")}
+    for k, (ok, want) in rules.items():
+        if not math.isfinite(train[k]):
+            raise ValueError(f"--{k} must be a finite number, got {train[k]}")
+        if not ok(train[k]):
+            raise ValueError(f"--{k} must be {want}, got {train[k]}")
+    check_device(train["device"])
+
+
+def check_device(name):
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
+        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
+
+
+def parse_stop(spec, task):
+    """--stop_at: 'metric<=x' or 'metric>=x' -> a test of an evaluation's metrics; '' -> None."""
+    if not spec:
+        return None
+    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
+    try:
+        x = float(m.group(3)) if m else None
+    except ValueError:
+        x = None
+    if x is None:
+        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
+                         "mae_curve, mae_token, kl, accuracy")
+    name, op = m.group(1), m.group(2)
+    if name == "accuracy" and task.gaussian:
+        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
+    return lambda r: name in r and (r[name] <= x if op == "<=" else r[name] >= x)
+
+
+# -----------------------------------------------------------------------------
+# capacity matching
 
 
 def model_options(entry):
