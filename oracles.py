@@ -10,7 +10,9 @@ float64 from the batch's latent parameters and its context only:
 - regression: the conjugate posterior Sigma_t = (X^T X / sigma^2 + I / tau^2)^-1,
   mu_t = Sigma_t X^T y / sigma^2 over the pairs before t; predictive
   N(mu_t^T x_t, sigma^2 + x_t^T Sigma_t x_t);
-- recall: a point mass on the bound value.
+- recall: a point mass on the bound value;
+- hop: a point mass on succ^k(e), the query entity e followed k times through the facts in
+  context (succ(a) = b for each fact a -> b), so H = 0 at every query.
 Categorical oracles are (B, T, C) probabilities (zero rows at unscored positions); regression
 returns (mean, var), each (B, T) (0 and 1 at unscored positions).
 
@@ -19,8 +21,8 @@ Metrics (bits), accumulated over evaluation batches by `Metrics`:
   sequences at each query position first, then mean over positions of |difference|;
 - mae_token: mean over every scored (sequence, position) of |H_model - H_oracle| (>= mae_curve);
 - kl: KL(oracle || model) per scored position (the exact Gaussian KL for regression);
-- accuracy: argmax against the true answer (bijection and recall: the value; hmm: the hidden
-  state); oracle_accuracy is the Bayes decision's expected accuracy, mean of max_c p(c).
+- accuracy: argmax against the true answer (bijection and recall: the value; hop: the
+  successor; hmm: the hidden state); oracle_accuracy is the Bayes decision's expected accuracy, mean of max_c p(c).
 Entropies of Gaussians are differential: H = 1/2 log2(2 pi e var).
 """
 import math
@@ -60,6 +62,12 @@ def bijection_posterior(task, batch):
     return torch.where(seen, onehot, unseen)
 
 
+def hmm_posterior(task, batch):
+    """(B, K, S) filtering posterior at each observation."""
+    lat = batch.latent
+    return hmm_filter(lat["trans"], lat["emit"], lat["obs"])
+
+
 def regression_posterior(task, batch):
     """Predictive (mean, var), each (B, K), of y_t given x_t and the pairs before t."""
     xs, ys = batch.latent["xs"].double(), batch.latent["ys"].double()
@@ -76,13 +84,37 @@ def regression_posterior(task, batch):
     return torch.stack(means, 1), torch.stack(vars_, 1)
 
 
+def recall_posterior(task, batch):
+    """(n scored, C) point masses on the bound values."""
+    return F.one_hot(batch.latent["answer"][batch.mask], task.n_classes).double()
+
+
+def hop_posterior(task, batch):
+    """(n scored, C) point masses on succ^k(e), read off the facts in the context (not the latent chains)."""
+    off, N, x, m = task.answer_offset, task.n_facts, batch.x, batch.mask
+    facts = x[:, :2 * N].reshape(-1, N, 2) - off  # (a, b) entity pairs
+    succ = torch.full((x.shape[0], task.n_entities), -1, dtype=torch.long).scatter(1, facts[..., 0], facts[..., 1])
+    rows, t = m.nonzero(as_tuple=True)
+    e, k = x[rows, t] - off, x[rows, t - 1]  # the query entity and its hop token (token id k)
+    for i in range(task.hops):
+        e = torch.where(k > i, succ[rows, e], e)
+    return F.one_hot(e, task.n_classes).double()
+
+
+# task name -> its posterior at the scored positions, in order
+POSTERIORS = {"bijection": bijection_posterior, "hmm": hmm_posterior, "regression": regression_posterior,
+              "recall": recall_posterior, "hop": hop_posterior}
+# task name -> the latents a batch of it carries, each shape after the batch dim
+LATENTS = {"bijection": lambda task: dict(perm=(task.V,)),
+           "hmm": lambda task: dict(trans=(task.n_states,) * 2, emit=(task.n_states, task.n_obs), obs=(task.K,)),
+           "regression": lambda task: dict(xs=(task.K, task.d), ys=(task.K,)),
+           "recall": lambda task: dict(answer=(task.seq_len,)),
+           "hop": lambda task: dict(answer=(task.seq_len,))}
+
+
 def check_batch(task, batch):
     """A batch drawn from another task, or at other sizes, would give a wrong posterior without an error."""
-    x, lat, n = batch.x, batch.latent, task.name
-    want = (dict(perm=(task.V,)) if n == "bijection" else
-            dict(trans=(task.n_states,) * 2, emit=(task.n_states, task.n_obs), obs=(task.K,)) if n == "hmm" else
-            dict(xs=(task.K, task.d), ys=(task.K,)) if n == "regression" else
-            dict(answer=(task.seq_len,)) if n in ("recall", "hop") else {})
+    x, lat, want = batch.x, batch.latent, LATENTS[task.name](task)
     ok = x.dim() >= 2 and x.shape[1] == task.seq_len and tuple(batch.mask.shape) == tuple(x.shape[:2])
     if task.vocab_size:
         ok = ok and x.dim() == 2 and not x.is_floating_point() and 0 <= x.min() and x.max() < task.vocab_size
@@ -90,38 +122,24 @@ def check_batch(task, batch):
         ok = ok and x.dim() == 3 and x.shape[2] == task.n_features
     if not (ok and all(k in lat and tuple(lat[k].shape[1:]) == s for k, s in want.items())):
         opts = ", ".join(f"{k}={v}" for k, v in task.options().items())
-        raise ValueError(f"oracle: the batch was not drawn from this task ({n}: {opts}); sample it with task.sample")
+        raise ValueError(f"oracle: the batch was not drawn from this task ({task.name}: {opts}); "
+                         "sample it with task.sample")
 
 
 def oracle(task, batch):
     """The exact posterior predictive at every scored position (see the module docstring)."""
+    if task.name not in POSTERIORS:
+        raise ValueError(f"no oracle for task {task.name!r}")
     check_batch(task, batch)
-    m = batch.mask
+    m, post = batch.mask, POSTERIORS[task.name](task, batch)
     B, T = m.shape
     if task.gaussian:
         mean = torch.zeros(B, T, dtype=torch.float64)
         var = torch.ones(B, T, dtype=torch.float64)
-        mean[m], var[m] = [t.reshape(-1) for t in regression_posterior(task, batch)]
+        mean[m], var[m] = [t.reshape(-1) for t in post]
         return mean, var
     probs = torch.zeros(B, T, task.n_classes, dtype=torch.float64)
-    if task.name == "bijection":
-        probs[m] = bijection_posterior(task, batch).reshape(-1, task.n_classes)
-    elif task.name == "hmm":
-        lat = batch.latent
-        probs[m] = hmm_filter(lat["trans"], lat["emit"], lat["obs"]).reshape(-1, task.n_classes)
-    elif task.name == "recall":
-        probs[m] = F.one_hot(batch.latent["answer"][m], task.n_classes).double()
-    elif task.name == "hop":  # a point mass: follow the facts shown in the context k times from the query entity
-        off, N, x = task.answer_offset, task.n_facts, batch.x
-        facts = x[:, :2 * N].reshape(B, N, 2) - off  # (a, b) entity pairs
-        succ = torch.full((B, task.n_entities), -1, dtype=torch.long).scatter(1, facts[..., 0], facts[..., 1])
-        rows, t = m.nonzero(as_tuple=True)
-        e, k = x[rows, t] - off, x[rows, t - 1]  # the query entity and its hop token (token id k)
-        for i in range(task.hops):
-            e = torch.where(k > i, succ[rows, e], e)
-        probs[m] = F.one_hot(e, task.n_classes).double()
-    else:
-        raise ValueError(f"no oracle for task {task.name!r}")
+    probs[m] = post.reshape(-1, task.n_classes)
     return probs
 
 

@@ -2,9 +2,10 @@
 The Bayesian wind tunnels: tasks whose exact posterior is known at every position.
 
 Every sequence draws fresh latent parameters (a permutation, an HMM, a weight vector, a
-key-value binding), so the hypothesis space cannot be memorised and the model must infer
-in context. Each task is a small dataclass: its fields are the options (`make_task(name, **opts)`),
-`sample(batch_size, generator)` returns a `Batch`, and `loss(out, batch)` is the training loss.
+key-value binding, a set of chains), so the hypothesis space cannot be memorised and the model
+must infer in context. Each task is a small dataclass with a `name`: its fields are the options
+(`make_task(name, **opts)`), `sample(batch_size, generator)` returns a `Batch`, and
+`loss(out, batch)` is the training loss.
 A batch is drawn on the generator's device: with a CUDA generator every tensor, the HMM's
 forward filter included, is made on the GPU, and no step reads a value back to the host (the loops
 run a fixed number of times), so drawing a batch never waits for the GPU.
@@ -20,20 +21,30 @@ Model I/O is described by attributes every task has: `vocab_size` (0 for real in
 (mean, log-variance) when `gaussian`), `answer_offset` (token id of answer class 0 when the
 answers are tokens, which lets a model tie its head to the embedding) and `seq_len` (T).
 
+Each task's docstring shows one drawn sequence, a column per position, with `.` where the loss
+never reads y (-100, or 0 for soft and real targets); tests/test_data.py draws it again, so the
+example cannot drift from the code.
+
 Design decisions (formats follow the authors' released code where the paper is silent):
 - bijection: the authors' analysed "sepvocab" format, keys 0..V-1 and values V..2V-1,
   `k1 v1 k2 v2 ... kL`, every key position a query; L defaults to V-1 = 19 as in their
-  analysed checkpoint (the position-only predictor then scores 1.107 bits; L=V adds a final
-  position that is always determined).
+  analysed checkpoint (the position-only predictor, uniform over V, then scores
+  mean_t log2(V / (V - t)) = 1.107 bits; L=V adds a final position that is always determined).
 - hmm: the authors' header of probability tokens `[TRANS] T.. [EMIT] E.. [SEP]` then
   `[OBS] o1 [OBS] o2 ...`; rows ~ Dirichlet(1), by default floored at 0.05 and put on a
-  2-decimal grid by the authors' procedure (`to_cents_grid`) so the header states the matrices exactly. With
-  `discretize=False` the header shows the rounded matrices while the oracle uses the exact ones.
+  2-decimal grid by the authors' procedure (`to_cents_grid`) so the header states the matrices
+  exactly. With `discretize=False` the header shows the rounded matrices while the oracle uses the
+  exact ones.
 - regression (not in the paper; the standard conjugate setting): tokens alternate a query
   [x_i, 0, 1], where y_i is predicted, and the observed pair [x_i, y_i, 0]. Each observation is one
   token, so the task tests accumulation, not the binding of x and y across positions (recall's job).
 - recall: the authors' generator layout `[STORE k SEP v] x N, FILLER x F, then QUERY k PAD`
   with F/2 fillers between queries; the bound value is read at the query key position (causal).
+- hop (the Pavlovian paper's multi-hop binding, Thm 9, for wide vs deep): N one-to-one facts
+  a -> b over fresh entities form N/depth chains e_0 -> e_1 -> ... -> e_depth, shown as
+  `a1 b1 ... aN bN` in shuffled order, then `SEP`, then queries `[k] e` whose answer, read at e
+  (causal), is the k-hop successor of e. Each query's start is uniform over the chain positions
+  with k successors; queries are independent (repeats possible).
 """
 from dataclasses import dataclass, field, fields
 import math
@@ -71,15 +82,12 @@ def check(ok, msg):
 
 class Task:
     """Shared plumbing: the loss for each kind of target. Subclasses are dataclasses."""
+    name = None  # the task's key in TASKS, set by each subclass
     gaussian = False  # real-valued prediction with a Gaussian head
     soft_targets = False  # y is a distribution (B, T, C)
     vocab_size = 0
     n_features = 0
     answer_offset = None
-
-    @property
-    def name(self):
-        return next(k for k, v in TASKS.items() if v is type(self))
 
     def options(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -117,6 +125,15 @@ def uniform_choice_without_replacement(B, n, k, g):
 
 @dataclass
 class Bijection(Task):
+    """y at key k is its value pi(k) as a class index; the value's token is pi(k) + V.
+    Example (V=4, L=3; seed 0):
+
+        x    0 6 2 4 1
+        mask 1 0 1 0 1
+        y    2 . 0 . 3
+
+    Key 0 is followed by token 6, so pi(0) = 2; the last key's value (here 3) is never shown."""
+    name = "bijection"
     V: int = 20  # size of the key and value alphabets; pi is a permutation of range(V)
     L: int = None  # number of key positions (queries); None means V-1
     with_replacement: bool = False  # keys drawn with replacement (seen keys become 0-bit queries)
@@ -196,6 +213,16 @@ def categorical(probs, g):
 
 @dataclass
 class HMM(Task):
+    """Tokens 0..100 are probabilities in cents, 101..104 are [TRANS] [EMIT] [SEP] [OBS] and symbol o
+    is 105 + o; y at each symbol is the filter posterior P(s_t | o_1..o_t) over the S states.
+    Example (n_states=2, n_obs=2, K=2; seed 0):
+
+        x    101 74 26 20 80 102 40 60 31 69 103 104         105 104         105
+        mask   0  0  0  0  0   0  0  0  0  0   0   0           1   0           1
+        y      .  .  .  .  .   .  .  .  .  .   .   . [0.56 0.44]   . [0.57 0.43]
+
+    T = [[0.74, 0.26], [0.2, 0.8]], E = [[0.4, 0.6], [0.31, 0.69]], then symbol 0 twice."""
+    name = "hmm"
     n_states: int = 5  # S hidden states
     n_obs: int = 5  # O observation symbols
     K: int = 20  # observations per sequence (the paper trains at 20, evaluates also at 30 and 50)
@@ -248,6 +275,13 @@ class HMM(Task):
 
 @dataclass
 class Regression(Task):
+    """Each pair (x_i, y_i) is two tokens: the query [x_i, 0, 1], whose target is y_i, then the
+    observation [x_i, y_i, 0]. Example (d=1, K=2; seed 0; values to 2 decimals):
+
+        x    [-0.29 0 1] [-0.29 -0.17 0] [-2.18 0 1] [-2.18 -3.9 0]
+        mask           1               0           1              0
+        y          -0.17               .        -3.9              ."""
+    name = "regression"
     d: int = 8  # input dimension
     K: int = 16  # (x, y) pairs per sequence
     noise_std: float = 0.5  # sigma: y = w.x + N(0, sigma^2)
@@ -285,6 +319,16 @@ class Regression(Task):
 
 @dataclass
 class Recall(Task):
+    """Tokens: PAD, STORE, FILLER, QUERY, SEP = 0..4, key i is 5 + i and value j is 5 + key_vocab + j;
+    y at a query's key is the bound value j. Example (n_pairs=2, n_queries=2, key_vocab=4,
+    value_vocab=4, filler=2; seed 0):
+
+        x    1 7 4 9 1 8 4 11 2 2 3 7 0 2 3 8 0
+        mask 0 0 0 0 0 0 0  0 0 0 0 1 0 0 0 1 0
+        y    . . . . . . .  . . . . 0 . . . 2 .
+
+    Key 2 (token 7) is bound to value 0 (token 9), key 3 (token 8) to value 2 (token 11)."""
+    name = "recall"
     n_pairs: int = 64  # N stored key-value pairs
     n_queries: int = 3  # M queries of distinct stored keys
     key_vocab: int = 256  # keys drawn without replacement from this many tokens
@@ -332,11 +376,17 @@ class Recall(Task):
 
 @dataclass
 class Hop(Task):
-    """N one-to-one facts a -> b over fresh entities, in N/depth chains e_0 -> e_1 -> ... -> e_depth,
-    shown as `a1 b1 a2 b2 ... aN bN` in shuffled order, then `SEP`, then queries `[k] e`: the answer
-    is the k-hop successor of e, read at e (causal). k <= depth, and each query's start is uniform
-    over the chain positions that have k successors; queries are drawn independently (repeats
-    possible). Tokens: SEP = 0, [k] = k for k = 1..hops, entities from hops + 1."""
+    """Tokens: SEP = 0, [k] = k for k = 1..hops, entity e is hops + 1 + e; y at a query's entity is
+    the k-hop successor's index. Example (n_facts=4, depth=2, hops=2, mixed_hops=True, n_queries=2,
+    n_entities=6; seed 0):
+
+        x    3 8 5 6 8 4 6 7 0 2 5 1 8
+        mask 0 0 0 0 0 0 0 0 0 0 1 0 1
+        y    . . . . . . . . . . 4 . 1
+
+    The facts are 0 -> 5, 2 -> 3, 5 -> 1, 3 -> 4 (chains 0 -> 5 -> 1 and 2 -> 3 -> 4): entity 2
+    two hops on is 4, entity 5 one hop on is 1."""
+    name = "hop"
     n_facts: int = 16  # N one-to-one facts a -> b in context
     depth: int = 4  # facts per chain; the N facts form N/depth chains
     hops: int = 2  # k: a query asks for the k-hop successor (the largest k when mixed_hops)
@@ -381,7 +431,7 @@ class Hop(Task):
         return Batch(x, answer, mask, dict(answer=answer, chains=chains, k=k))
 
 
-TASKS = {"bijection": Bijection, "hmm": HMM, "regression": Regression, "recall": Recall, "hop": Hop}
+TASKS = {task.name: task for task in (Bijection, HMM, Regression, Recall, Hop)}
 
 
 def make_task(name, **overrides):

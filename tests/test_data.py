@@ -1,5 +1,7 @@
-"""Drawing batches for training: the HMM header grid, the masked losses, where batches are drawn.
-The CUDA tests (batches drawn on the GPU, and no host sync in a training step) skip without a GPU."""
+"""Drawing batches for training: the worked examples in the task docstrings, the HMM header grid,
+the masked losses, where batches are drawn. The CUDA tests (batches drawn on the GPU, and no host
+sync in a training step) skip without a GPU."""
+import inspect
 import math
 
 import pytest
@@ -14,6 +16,35 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 SMALL = {"bijection": dict(V=6), "hmm": dict(n_states=3, n_obs=4, K=6), "regression": dict(d=3, K=5),
          "recall": dict(n_pairs=4, n_queries=2, key_vocab=8, value_vocab=8, filler=2),
          "hop": dict(n_facts=4, depth=2, hops=2, n_queries=2, n_entities=12)}
+
+
+EXAMPLES = {"bijection": dict(V=4, L=3), "hmm": dict(n_states=2, n_obs=2, K=2), "regression": dict(d=1, K=2),
+            "recall": dict(n_pairs=2, n_queries=2, key_vocab=4, value_vocab=4, filler=2),
+            "hop": dict(n_facts=4, depth=2, hops=2, mixed_hops=True, n_queries=2, n_entities=6)}
+
+
+def worked_example(task, seed=0):
+    """One sequence drawn with `seed`, as the task docstrings show it: a column per position,
+    numbers to 2 decimals, `.` where the loss never reads y."""
+    b = task.sample(1, torch.Generator().manual_seed(seed))
+    y, m = b.y[0], b.mask[0]
+    unread = torch.zeros_like(y) if task.gaussian or task.soft_targets else torch.full_like(y, tasks.IGNORE)
+    assert torch.equal(y[~m], unread[~m])  # what `.` stands for
+    cell = lambda v: "[" + " ".join(map(cell, v)) + "]" if isinstance(v, list) else f"{round(v, 2):g}"
+    rows = dict(x=[cell(v) for v in b.x[0].tolist()], mask=[str(int(s)) for s in m.tolist()],
+                y=[cell(v) if s else "." for v, s in zip(y.tolist(), m.tolist())])
+    width = [max(len(r[t]) for r in rows.values()) for t in range(task.seq_len)]
+    return "\n".join(f"{k:<5}" + " ".join(c.rjust(w) for c, w in zip(r, width)) for k, r in rows.items())
+
+
+@pytest.mark.parametrize("name", list(tasks.TASKS))
+def test_each_task_docstring_shows_what_its_sampler_draws(name):
+    opts, seed = EXAMPLES[name], 0
+    doc = inspect.cleandoc(tasks.TASKS[name].__doc__)
+    header = f"Example ({', '.join(f'{k}={v}' for k, v in opts.items())}; seed {seed}"
+    assert header in " ".join(doc.split()), header
+    block = "\n".join("    " + line for line in worked_example(tasks.make_task(name, **opts), seed).splitlines())
+    assert block in doc, f"the {name} docstring should show\n{block}"
 
 
 def rounded_cents(row, floor=5):

@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from oracles import Metrics, entropy_bits, gaussian_entropy_bits, gaussian_kl_bits, oracle, true_answer
-from tasks import IGNORE, make_task
+from oracles import (LATENTS, POSTERIORS, Metrics, entropy_bits, gaussian_entropy_bits, gaussian_kl_bits, oracle,
+                     true_answer)
+from tasks import IGNORE, TASKS, make_task
 
 
 def gen(seed=0):
@@ -100,6 +101,26 @@ def test_recall_oracle_is_the_bound_value():
             assert probs[b, t].argmax().item() == store[seq[t]] and probs[b, t].max() == 1
             assert batch.y[b, t] == store[seq[t]]
     assert (batch.y[~batch.mask] == IGNORE).all()
+
+
+@pytest.mark.parametrize("mixed_hops", [False, True])
+def test_hop_oracle_follows_the_facts_in_context(mixed_hops):
+    task = make_task("hop", n_facts=6, depth=3, hops=3, mixed_hops=mixed_hops, n_queries=4, n_entities=10)
+    batch = task.sample(8, gen(9))
+    probs, off = oracle(task, batch), task.answer_offset
+    for b in range(8):
+        seq = batch.x[b].tolist()
+        succ = {seq[2 * i] - off: seq[2 * i + 1] - off for i in range(6)}
+        for t in [t for t in range(len(seq)) if batch.mask[b, t]]:
+            e = seq[t] - off
+            for _ in range(seq[t - 1]):  # the hop token is k
+                e = succ[e]
+            assert probs[b, t].argmax().item() == e == batch.y[b, t] and probs[b, t].max() == 1
+
+
+def test_every_task_has_an_oracle():
+    assert all(cls.name == name for name, cls in TASKS.items())
+    assert set(POSTERIORS) == set(LATENTS) == set(TASKS)
 
 
 def test_metric_conventions_on_hand_made_outputs():
