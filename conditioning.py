@@ -281,10 +281,10 @@ def depth_width(args):
         io = dict(vocab_size=task.vocab_size, n_classes=task.n_classes, answer_offset=task.answer_offset,
                   block_size=task.seq_len, use_mlp=False, rule=args.rule)
         size = lambda L, H, d: count_params(LinearAttentionConfig, LinearAttention,
-                                            io | dict(n_layer=L, n_head=H, n_embd=d))
+                                            io | dict(n_layer=L, n_head=H, d_model=d))
         d_nd = min(range(H_nd, 4 * d_ws + 1, H_nd), key=lambda d: abs(size(L_nd, H_nd, d) - size(L_ws, H_ws, d_ws)))
-        print(f"depth_width N={N}: wide L={L_ws} H={H_ws} n_embd={d_ws}: {size(L_ws, H_ws, d_ws):,} parameters | "
-              f"deep L={L_nd} H={H_nd} n_embd={d_nd}: {size(L_nd, H_nd, d_nd):,}", flush=True)
+        print(f"depth_width N={N}: wide L={L_ws} H={H_ws} d_model={d_ws}: {size(L_ws, H_ws, d_ws):,} parameters | "
+              f"deep L={L_nd} H={H_nd} d_model={d_nd}: {size(L_nd, H_nd, d_nd):,}", flush=True)
         # chunks of 16: these sequences are short (2N + 9 tokens), a longer chunk would be mostly padding
         models = [("linear", "linear_attn", ["--use_mlp", "false", "--rule", args.rule, "--chunk_size", "16"])]
         models += [("softmax", "transformer", ["--mlp_ratio", "0", "--bias", "false"])] if args.twin else []
@@ -293,7 +293,7 @@ def depth_width(args):
                 for kind, model, extra in models:
                     out_dir, t0 = os.path.join(args.scratch, "depth_width", f"N{N}_{arch}_{kind}_s{seed}"), time.time()
                     flags = dict(task="hop", model=model, device="cpu", out_dir=out_dir, seed=seed, n_layer=L,
-                                 n_head=H, n_embd=d, max_iters=args.max_iters, batch_size=args.batch_size, lr=args.lr,
+                                 n_head=H, d_model=d, max_iters=args.max_iters, batch_size=args.batch_size, lr=args.lr,
                                  eval_interval=args.max_iters, log_interval=100, eval_samples=args.eval_samples,
                                  eval_samples_during=min(100, args.eval_samples), **opts)
                     argv = [f"--{k}={v}" for k, v in flags.items()] + extra + ["--overwrite"]  # scratch runs
@@ -305,7 +305,7 @@ def depth_width(args):
                             raise RuntimeError(f"train.py failed; see {out_dir}/train.log")
                     with open(os.path.join(out_dir, "results.json")) as f:
                         res = json.load(f)
-                    rows.append(dict(N=N, arch=arch, model=kind, L=L, H=H, n_embd=d, seed=seed,
+                    rows.append(dict(N=N, arch=arch, model=kind, L=L, H=H, d_model=d, seed=seed,
                                      n_params=res["n_params"], accuracy=res["metrics"]["default"]["accuracy"],
                                      chance=1 / (N + N // args.facts_per_chain)))
                     print(f"  N={N} seed {seed} {arch} {kind} ({res['n_params']:,} parameters): accuracy "
@@ -336,7 +336,7 @@ def report_depth_width(r):
     s, rows = r["settings"], r["rows"]
     out = ["## Wide-and-shallow vs narrow-and-deep (`hop`)", "", f"{s['hops']}-hop queries, {s['facts_per_chain']} facts "
            f"per chain, {s['n_entities']} entities; linear rule {s['rule']}; {s['max_iters']} steps of batch "
-           f"{s['batch_size']}, lr {s['lr']:g}. Accuracy: mean, sd over seeds (per seed); (L, H, n_embd, parameters).", "",
+           f"{s['batch_size']}, lr {s['lr']:g}. Accuracy: mean, sd over seeds (per seed); (L, H, d_model, parameters).", "",
            "| N | chance | wide linear | deep linear | wide softmax | deep softmax |", "|---|---|---|---|---|---|"]
     pairs = []  # (N, kind, wide mean, deep mean)
     for N in sorted({x["N"] for x in rows}):
@@ -344,7 +344,8 @@ def report_depth_width(r):
         for arch, kind in CELLS:
             m, sd, a = means[arch, kind] = accuracies(rows, N, arch, kind)
             x = next((x for x in rows if (x["N"], x["arch"], x["model"]) == (N, arch, kind)), None)
-            cells.append(f"{m:.3f}, {sd:.3f} ({', '.join(f'{v:.2f}' for v in a)}); ({x['L']}, {x['H']}, {x['n_embd']}, "
+            d = x and x.get("d_model", x.get("n_embd"))  # rows written before the rename hold n_embd
+            cells.append(f"{m:.3f}, {sd:.3f} ({', '.join(f'{v:.2f}' for v in a)}); ({x['L']}, {x['H']}, {d}, "
                          f"{x['n_params']:,})" if x else "not run")
         out.append(f"| {N} | {next(x['chance'] for x in rows if x['N'] == N):.3f} | " + " | ".join(cells) + " |")
         pairs += [(N, kind, means["wide", kind][0], means["deep", kind][0]) for kind in ("linear", "softmax")
@@ -510,8 +511,8 @@ FLAGS = {  # name: (default, help, experiments)
                   ("propagation",)),
     "n_facts": ([4, 8], "N facts in context (hop task)", ("depth_width",)),
     "seeds": ([0, 1, 2], "training seeds", ("depth_width",)),
-    "ws": ([2, 4, 64], "wide-and-shallow: n_layer n_head n_embd", ("depth_width",)),
-    "nd": ([8, 1], "narrow-and-deep: n_layer n_head (n_embd: the closest parameter count)", ("depth_width",)),
+    "ws": ([2, 4, 64], "wide-and-shallow: n_layer n_head d_model", ("depth_width",)),
+    "nd": ([8, 1], "narrow-and-deep: n_layer n_head (d_model: the closest parameter count)", ("depth_width",)),
     "rule": ("delta", f"memory rule of the linear models: {' | '.join(RULES)}", ("depth_width",)),
     "twin": (True, "also train the softmax twin (transformer.py, attention-only)", ("depth_width",)),
     "max_iters": (500, "training steps", ("depth_width",)),

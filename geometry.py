@@ -16,7 +16,7 @@ hypotheses pi(k), as in the authors' jlens code); hmm has no state tokens: its O
   paper's statistic, a weight-space proxy beyond layer 0); `context`: the layer's actual keys, averaged
   per token over its occurrences. Baselines: a fresh model from the run's seed (`init`); i.i.d.
   Gaussian keys of the same n and d_head (`gaussian`, 200 draws). `embedding`: the statistic on the
-  embedding rows themselves (n_embd dims). `--key_tokens vocab`: every token id (authors' qkv_analysis).
+  embedding rows themselves (d_model dims). `--key_tokens vocab`: every token id (authors' qkv_analysis).
 - qk (Fig. 15): per layer, cos(q_t, k_j) averaged over heads, scored t, prior positions j < t (heatmap:
   one sequence); mean cos, `spread` (std over j, mean over rows); attention entropy in bits over the
   full row (mean over heads, rows, sequences) beside log2(#visible); attention mass on hypothesis tokens.
@@ -171,7 +171,7 @@ def js_bits(p, q):
 
 def key_frame(model, tokens, batch=None):
     """(n_layer, H) mean |cos| of the hypothesis tokens' keys: weight-space, or in context from batch."""
-    C, H = model.config.n_embd, model.config.n_head
+    C, H = model.config.d_model, model.config.n_head
     if batch is None:
         E = model.wte.weight[tokens]  # (n, C) raw embedding rows
         K = torch.stack([(E @ b.attn.c_attn.weight[C:2 * C].T).view(len(tokens), H, -1).transpose(0, 1)
@@ -186,7 +186,7 @@ def key_frame(model, tokens, batch=None):
 
 def keys(model, task, batch, state, args):
     tokens = hypothesis_tokens(task, args.key_tokens)
-    init, d = build_model(state, trained=False), model.config.n_embd // model.config.n_head
+    init, d = build_model(state, trained=False), model.config.d_model // model.config.n_head
     stats = {}
     for name, m in (("trained", model), ("init", init)):
         (w, K0), (c, _) = key_frame(m, tokens), key_frame(m, tokens, batch)
@@ -198,7 +198,7 @@ def keys(model, task, batch, state, args):
               | {f"{m}_{k}_mean": stats[m][k][l].mean().item() for m in stats for k in ("weight", "context")}
               for l in range(model.config.n_layer)]
     r = dict(tokens=args.key_tokens, n_tokens=len(tokens), d_head=d, gaussian=gauss(d).item(), layers=layers,
-             embedding=emb | dict(gaussian=gauss(model.config.n_embd).item()))
+             embedding=emb | dict(gaussian=gauss(model.config.d_model).item()))
 
     def draw(plt):
         fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))

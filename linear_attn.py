@@ -1,45 +1,27 @@
 """
-Linear attention as an associative memory (Qiao, arXiv 2508.08289): Hebbian, Delta and Oja rules,
-each in a recurrent reference form and a chunked parallel form, and a model for the wind tunnels.
+Linear attention as an associative memory (Qiao, arXiv 2508.08289): Hebbian, Delta and Oja rules, each in
+a recurrent reference form and a chunked parallel form, and a model for the wind tunnels.
 
-Layout. Column vectors: q_t, k_t in R^{d_k}, v_t in R^{d_v}, memory S_t in R^{d_v x d_k}, read-out
-o_t = S_t q_t after the write at step t. The paper writes row vectors and stores the transpose (its
-S is d_k x d_v, read as q S): the same memory. Tensors: q, k (B, H, T, d_k), v (B, H, T, d_v),
-S (B, H, d_v, d_k). Nothing scales q (no d_k^-1/2): the model's Norm(S q) is invariant to it.
-
-The rules, one convention (paper §5.3; beta_t is the paper's association strength alpha):
-    hebbian  S_t = decay * S_{t-1} + beta_t v_t k_t^T                  Eqs. 7, 12; decay: Eqs. 16-17
-    delta    S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T          Eqs. 22-23 (Def. 10)
+Column vectors q_t, k_t (d_k), v_t (d_v), memory S_t (d_v x d_k), read-out o_t = S_t q_t after step t's
+write (the paper stores the transpose, q S). q is not scaled by d_k^-1/2: the model's Norm(S q) ignores it.
+    hebbian  S_t = decay * S_{t-1} + beta_t v_t k_t^T                      Eqs. 7, 12; decay: Eqs. 16-17
+    delta    S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T              Eqs. 22-23 (Def. 10)
     oja      S_t = S_{t-1} + beta_t (v_t k_t^T - diag(v_t * v_t) S_{t-1})  Eqs. 24-25 (Def. 11)
-- hebbian with decay = beta = 1 is causal linear attention, o = (Q K^T * causal mask) V (Theorem 5);
-  decay < 1 is RetNet's forgetting, defined for hebbian only.
-- delta: S_t = S_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T. With |k_t| = 1 the factor's
-  eigenvalues are 1 - beta_t and 1: beta in (0, 1] keeps S bounded; > 1 overshoots, > 2 diverges.
-- oja, the paper's form: the post-synaptic activity is the imposed value v_t (not the retrieved
-  S k_t), so row i decays by a_{t,i} = 1 - beta_t v_{t,i}^2 before the Hebbian write. With |v_t| = 1
-  and beta in (0, 1], a_{t,i} is in [0, 1] and row i's norm never exceeds max(|S_0 row i|,
-  max_t |k_t| / |v_{t,i}|) (proof in tests/test_linear_attn.py): bounded, though not uniformly in v.
-  Not implemented: Oja's textbook y = S k (learns the keys' principal subspace, stores no
-  associations) and fla's gated Oja S + beta v (k - S^T v)^T (the transpose dual of delta).
+beta_t is the paper's association strength alpha (§5.3). hebbian with decay = beta = 1 is causal linear
+attention (Theorem 5); decay < 1 (RetNet) is for hebbian only. delta's factor I - beta_t k_t k_t^T keeps S
+bounded for |k_t| = 1 and beta in (0, 1]; beyond 1 it overshoots, beyond 2 it diverges. oja's post-synaptic
+activity is the imposed v_t (the paper's form, not the textbook S k_t): row i decays by 1 - beta_t v_{t,i}^2,
+bounded for |v_t| = 1 and beta in (0, 1] (proof in tests/test_linear_attn.py).
 
-Two forms of `memory`, equal to float tolerance (tests check outputs, final state and gradients):
-- recurrent: the reference loop over T, through unbind() slices so that backward stays linear in T
-  (indexing a full tensor per step makes backward quadratic in T).
-- chunked: chunks of C steps are matrix products; a loop of T/C steps carries S between chunks.
-  * hebbian and oja are linear attention with a per-row gate (oja: a_{t,i}; hebbian: decay). With
-    g_t = the sum of log a up to t in the chunk, write j enters read t with weight exp(g_t - g_j),
-    j <= t; the difference is masked to the causal triangle before exp, so every exponent is <= 0.
-    Oja's weights are (C, C, d_v) per chunk, hence its shorter default chunk.
-  * delta, the WY ("UT transform") form: in a chunk S_t = S_0 + sum_{j<=t} u_j k_j^T with
-    u_t = beta_t (v_t - S_{t-1} k_t), i.e. the unit lower-triangular system
-    (I + tril(diag(beta) K K^T, -1)) U = diag(beta)(V - K S_0^T), so U = U0 - W S_0^T with W, U0
-    from one triangular solve each.
+`memory` has two forms, equal to float tolerance: recurrent, a loop over T; chunked, matrix products inside
+chunks of C steps and a loop of T/C steps carrying S. hebbian and oja are linear attention with a per-row
+gate a (decay; 1 - beta v_i^2): write j reaches read t with weight exp(g_t - g_j), g the running sum of
+log a, masked to j <= t before exp so every exponent is <= 0. delta in WY form: (I + tril(diag(beta) K K^T,
+-1)) U = diag(beta)(V - K S_0^T) gives the writes u_t, U = U0 - W S_0^T from one triangular solve each.
 
-Model (Def. 8, Eqs. 18-20), defaults the paper's where it says: hebbian, fixed beta = alpha = 1, no
-decay, per-head output Norm(S q) (RMSNorm; LayerNorm an option). Not fixed by the paper: phi =
-elu+1 (identity, the proofs' choice, an option); L2-normalised keys for delta and values for oja
-(stability needs them); pre-norm blocks with an MLP (use_mlp=False: attention-only circuits);
-learned positions; learn_beta gives DeltaNet's beta_t = sigmoid(w . x_t).
+Model (Def. 8, Eqs. 18-20): hebbian, beta = 1, no decay, per-head Norm(S q) (RMSNorm), as in the paper; ours:
+phi = elu+1 (identity, the proofs' choice, an option), L2-normalised keys for delta and values for oja,
+pre-norm blocks with an MLP (use_mlp=False: attention-only), learned positions; learn_beta: beta_t = sigmoid(w . x_t).
 """
 from dataclasses import dataclass
 import math
@@ -52,67 +34,44 @@ from einops import rearrange
 
 RULES = ("hebbian", "delta", "oja")
 MODES = ("recurrent", "chunked")
-# chunk lengths, from bench_memory.py --chunk_size 4 8 16 32 64 on one CPU thread (B=4, H=4, d=32; B=64 at T=128):
-# hebbian: 16..64 within noise; delta: 32 fastest (the triangular solves grow as C^2); oja: its (C, C, d_v)
-# weights make long chunks expensive; 16 keeps memory moderate and the loop at T/16 steps for GPUs.
+# per rule: delta's triangular solves grow as C^2, and oja's gates are (C, C, d_v) per chunk
 DEFAULT_CHUNK = {"hebbian": 64, "delta": 32, "oja": 16}
-
-
-def _check_memory_inputs(q, k, v, rule, beta, decay, mode, S0, chunk_size, check_values):
-    def fail(msg):
-        raise ValueError(f"memory: {msg}")
-    if rule not in RULES:
-        fail(f"unknown rule {rule!r}; valid: {', '.join(RULES)}")
-    if mode not in MODES:
-        fail(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
-    for name, t in dict(q=q, k=k, v=v).items():
-        if not (torch.is_tensor(t) and t.is_floating_point() and t.dim() == 4):
-            fail(f"{name} must be a 4-d floating-point tensor (B, H, T, d), got {getattr(t, 'shape', type(t).__name__)}")
-    if q.shape != k.shape or v.shape[:3] != q.shape[:3] or min(q.shape) < 1 or v.shape[3] < 1:
-        fail(f"expected q, k (B, H, T, d_k) and v (B, H, T, d_v) with the same B, H, T; "
-             f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    B, H, T, d_k = q.shape
-    want = dict(beta=(B, H, T), initial_state=(B, H, v.shape[3], d_k))
-    for name, t in dict(beta=beta, initial_state=S0).items():
-        if torch.is_tensor(t) and t.dim() > 0 and tuple(t.shape) != want[name]:
-            fail(f"{name} must have shape {want[name]}, got {tuple(t.shape)}")
-    if not (torch.is_tensor(beta) or isinstance(beta, numbers.Real)) or not (S0 is None or torch.is_tensor(S0)):
-        fail(f"beta must be a number or a tensor, initial_state a tensor or None; got {type(beta)}, {type(S0)}")
-    for name, t in dict(k=k, v=v, beta=beta, initial_state=S0).items():
-        if torch.is_tensor(t) and (not t.is_floating_point() or t.device != q.device):
-            fail(f"{name} must be a floating-point tensor on q's device {q.device}, got {t.dtype} on {t.device}")
-    if rule in ("delta", "oja") and (check_values or not torch.is_tensor(beta)):
-        # a zero entry of a beta tensor is a token that writes nothing (a sigmoid gate can underflow to 0)
-        lo, hi = (beta.min().item(), beta.max().item()) if torch.is_tensor(beta) else (beta, beta)
-        if not (lo > 0 or torch.is_tensor(beta) and lo == 0) or not hi <= 1:
-            what = ("keys, delta's factor I - beta k k^T has the eigenvalue" if rule == "delta"
-                    else "values, oja's row decay 1 - beta v_i^2 reaches")
-            got = f"{lo:.4g}" if lo == hi else f"values in [{lo:.4g}, {hi:.4g}]"
-            fail(f"beta must lie in (0, 1] for the {rule} rule, got {got}: with unit-norm {what} 1 - beta < 0 "
-                 f"for beta > 1 (the memory overshoots) and < -1 for beta > 2 (it diverges); beta = 0 never writes")
-    if decay is not None and not (isinstance(decay, numbers.Real) and 0 < decay <= 1):
-        fail(f"decay must be a number in (0, 1], got {decay!r}")
-    if decay not in (None, 1) and rule != "hebbian":
-        fail(f"decay applies to the hebbian rule only (paper Def. 7), got decay={decay} with rule {rule!r}")
-    if not (chunk_size is None or isinstance(chunk_size, int) and chunk_size >= 1):
-        fail(f"chunk_size must be an int >= 1 or None, got {chunk_size!r}")
 
 
 def memory(q, k, v, rule, beta=None, decay=None, mode="chunked", initial_state=None, chunk_size=None,
            check_values=True):
     """o (B, H, T, d_v), S_T (B, H, d_v, d_k): write each (k_t, v_t) by `rule`, then read o_t = S_t q_t.
 
-    beta: None (= 1), a number, or (B, H, T); decay: None (= 1) or a number in (0, 1], hebbian only.
-    initial_state: S_0 (B, H, d_v, d_k), zeros if None. chunk_size: None = DEFAULT_CHUNK[rule].
-    The maths runs in float32, or float64 if any input is float64, with autocast off (bf16 would wreck
-    the chunked forms' solves and exponentials); o and S come back in q's dtype.
-    check_values=False skips the checks that read tensor values (a beta tensor's range, the chunked
-    oja decay's sign), each of which makes the host wait for a GPU: for callers whose inputs meet
-    them by construction, as LinearAttention's (a sigmoid beta; unit-norm values for oja).
+    q, k (B, H, T, d_k), v (B, H, T, d_v); beta: None (= 1), a number, or (B, H, T); decay: None (= 1) or a
+    number in (0, 1], hebbian only. initial_state: S_0 (B, H, d_v, d_k), zeros if None. chunk_size: None =
+    DEFAULT_CHUNK[rule]. The maths runs in float32, or float64 if any input is float64, with autocast off
+    (bf16 would wreck the chunked forms' solves and exponentials); o and S come back in q's dtype.
+    check_values=False skips the checks that read tensor values (a beta tensor's range, the chunked oja
+    rule's beta v_i^2 <= 1), each of which makes the host wait for a GPU: for callers whose inputs meet them.
     """
     beta = 1.0 if beta is None else beta
-    _check_memory_inputs(q, k, v, rule, beta, decay, mode, initial_state, chunk_size, check_values)
-    B, H, T, d_k = q.shape
+    B, H, T, d_k = q.shape if q.dim() == 4 else (0,) * 4
+    want = dict(q=(B, H, T, d_k), k=(B, H, T, d_k), v=(B, H, T, v.shape[-1]), beta=(B, H, T),
+                initial_state=(B, H, v.shape[-1], d_k))
+    for name, t in dict(q=q, k=k, v=v, beta=beta, initial_state=initial_state).items():
+        if torch.is_tensor(t) and (t.shape != want[name] or min(want[name]) < 1 or not t.is_floating_point()
+                                   or t.device != q.device):
+            raise ValueError(f"memory: got {name} {t.dtype} {tuple(t.shape)} on {t.device}; expected floating-point "
+                             f"q, k (B, H, T, d_k), v (B, H, T, d_v), beta (B, H, T), initial_state (B, H, d_v, d_k) "
+                             f"on one device")
+    if rule not in RULES or mode not in MODES:
+        raise ValueError(f"memory: rule {rule!r}, mode {mode!r}; valid: {', '.join(RULES)} (rules), "
+                         f"{', '.join(MODES)} (modes)")
+    if decay not in (None, 1) and not (rule == "hebbian" and isinstance(decay, numbers.Real) and 0 < decay < 1):
+        raise ValueError(f"memory: decay must be a number in (0, 1], for the hebbian rule only; got {decay!r}, {rule}")
+    if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size >= 1):
+        raise ValueError(f"memory: chunk_size must be an int >= 1 or None, got {chunk_size!r}")
+    if rule != "hebbian" and (check_values or not torch.is_tensor(beta)):
+        lo, hi = (beta.min().item(), beta.max().item()) if torch.is_tensor(beta) else (beta, beta)
+        if not (lo > 0 or lo == 0 and torch.is_tensor(beta)) or not hi <= 1:  # a 0 entry of a tensor: no write
+            got, unit = f"{lo:.4g}" if lo == hi else f"[{lo:.4g}, {hi:.4g}]", "keys" if rule == "delta" else "values"
+            raise ValueError(f"memory: beta must lie in (0, 1] for the {rule} rule, got {got}: with unit-norm {unit}, "
+                             f"1 - beta < 0 for beta > 1 (the memory overshoots) and < -1 for beta > 2 (it diverges)")
     dtype_in, dtype = q.dtype, torch.float32
     for t in (q, k, v, beta, initial_state):
         dtype = torch.promote_types(dtype, t.dtype) if torch.is_tensor(t) else dtype
@@ -124,17 +83,19 @@ def memory(q, k, v, rule, beta=None, decay=None, mode="chunked", initial_state=N
         decay = 1.0 if decay is None else float(decay)
         if mode == "recurrent":
             o, S = memory_recurrent(q, k, v, rule, beta, decay, S)
+        elif rule == "delta":
+            o, S = chunked_delta(q, k, v, beta, S, chunk_size or DEFAULT_CHUNK[rule])
         else:
-            C = chunk_size or DEFAULT_CHUNK[rule]
-            if rule == "delta":
-                o, S = chunked_delta(q, k, v, rule, beta, math.log(decay), S, C)
-            else:
-                o, S = chunked_gated(q, k, v, rule, beta, math.log(decay), S, C, check_values)
+            if check_values and rule == "oja" and (beta[..., None] * v * v).max() > 1 + 1e-5:  # log a needs a >= 0
+                raise ValueError("memory: the chunked oja rule needs beta * v_i^2 <= 1 (unit-norm values, beta <= 1); "
+                                 "use mode='recurrent' for unnormalised values")
+            o, S = chunked_gated(q, k, v, rule, beta, math.log(decay), S, chunk_size or DEFAULT_CHUNK[rule])
     return o.to(dtype_in), S.to(dtype_in)
 
 
 def memory_recurrent(q, k, v, rule, beta, decay, S):
-    """The reference: one write and one read per step."""
+    """The reference: one write and one read per step, on unbind() slices (indexing a full tensor per
+    step would make the backward quadratic in T)."""
     outs = []
     for q_t, k_t, v_t, b_t in zip(q.unbind(2), k.unbind(2), v.unbind(2), beta.unbind(2)):  # (B, H, d), (B, H)
         b_t = b_t[..., None]
@@ -155,15 +116,11 @@ def _chunks(x, C):
     return rearrange(F.pad(x, pad), "b h (n c) ... -> b h n c ...", c=C)
 
 
-def chunked_gated(q, k, v, rule, beta, log_decay, S, C, check_values=True):
+def chunked_gated(q, k, v, rule, beta, log_decay, S, C):
     """hebbian (+ decay) and oja as row-gated linear attention (module docstring). Same returns as memory."""
     T = q.shape[2]
     if rule == "oja":
         a = 1 - beta[..., None] * v * v  # (B, H, T, d_v) each row's decay factor
-        # the log below needs a >= 0; it holds for |v| <= 1 and beta <= 1
-        if check_values and a.min().item() < -1e-5:
-            raise ValueError("memory: the chunked oja rule needs beta * v_i^2 <= 1 for every row (unit-norm values and "
-                             "beta <= 1); use mode='recurrent' for unnormalised values")
         log_a = torch.log(a.clamp_min(torch.finfo(a.dtype).tiny))  # a = 0 (beta = 1, v = +-e_i) stays finite
     else:
         log_a = torch.full_like(beta, log_decay)[..., None]  # (B, H, T, 1): one gate for every row
@@ -189,7 +146,7 @@ def chunked_gated(q, k, v, rule, beta, log_decay, S, C, check_values=True):
     return rearrange(o, "b h n c v -> b h (n c) v")[:, :, :T], S
 
 
-def chunked_delta(q, k, v, rule, beta, log_decay, S, C):
+def chunked_delta(q, k, v, beta, S, C):
     """The delta rule in WY form (module docstring). Same returns as memory."""
     T = q.shape[2]
     bk, bv = beta[..., None] * k, beta[..., None] * v
@@ -222,8 +179,8 @@ class LinearAttentionConfig:
     block_size: int = 128  # longest sequence the learned position table covers (pos=learned only)
     # architecture
     n_layer: int = 2  # blocks
-    n_head: int = 4  # memory heads per block, each d_k = d_v = n_embd / n_head
-    n_embd: int = 128  # residual width d_model
+    n_head: int = 4  # memory heads per block, each d_k = d_v = d_model / n_head
+    d_model: int = 128  # residual width
     rule: str = "hebbian"  # memory write rule: hebbian (the paper's base model) | delta | oja
     feature_map: str = "elu+1"  # phi on queries and keys: elu+1 (Katharopoulos) | identity (the paper's proofs)
     norm_k: str = "auto"  # L2-normalise keys: auto (delta only, its stability needs |k| = 1) | l2 | none
@@ -233,7 +190,7 @@ class LinearAttentionConfig:
     beta: float = 1.0  # fixed write strength (the paper's alpha = 1); delta and oja need (0, 1]
     decay: float = 1.0  # hebbian forgetting factor in (0, 1] (paper Def. 7); 1 = none
     use_mlp: bool = True  # MLP after each memory; False gives the paper's attention-only stacked circuits (Def. 8)
-    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     pos: str = "learned"  # position encoding: learned | none (a Hebbian sum alone cannot tell order)
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     mode: str = "auto"  # memory form: auto (per device) | recurrent | chunked
@@ -244,10 +201,8 @@ FEATURE_MAPS = ("elu+1", "identity")
 NORMS = ("rmsnorm", "layernorm")
 POS = ("learned", "none")
 L2_CHOICES = ("auto", "l2", "none")
-# mode=auto: the faster form per (device, rule). CPU, bench_memory.py --threads 1 (B=4, H=4, d=32, forward +
-# backward, T = 256 / 1024 / 4096): chunked takes 0.16-0.27x the loop's time for hebbian and delta; oja's chunked
-# form moves (C, C, d_v) weights through memory and takes 1.05 / 1.6 / 1.5x (8x at B=64, T=128). Other devices:
-# chunked (a Python loop over T is bound by kernel launches there; not measured, no GPU was available).
+# mode=auto: the faster form per (device, rule). On a CPU oja's chunked form, which moves (C, C, d_v) gates
+# through memory, is slower than the loop; elsewhere chunked, as a loop over T is bound by kernel launches
 DEFAULT_MODE = {("cpu", "hebbian"): "chunked", ("cpu", "delta"): "chunked", ("cpu", "oja"): "recurrent"}
 
 
@@ -261,13 +216,13 @@ class MemoryLayer(nn.Module):
     def __init__(self, config):
         super().__init__()
         c = config
-        self.config, self.n_head, d = c, c.n_head, c.n_embd // c.n_head
+        self.config, self.n_head, d = c, c.n_head, c.d_model // c.n_head
         self.norm_k = c.norm_k == "l2" or c.norm_k == "auto" and c.rule == "delta"
         self.norm_v = c.norm_v == "l2" or c.norm_v == "auto" and c.rule == "oja"
-        self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd, bias=False)  # the paper's pathways W_Q, W_K, W_V
-        self.c_beta = nn.Linear(c.n_embd, c.n_head) if c.learn_beta else None
+        self.c_attn = nn.Linear(c.d_model, 3 * c.d_model, bias=False)  # the paper's pathways W_Q, W_K, W_V
+        self.c_beta = nn.Linear(c.d_model, c.n_head) if c.learn_beta else None
         self.out_norm = make_norm(c, d)
-        self.c_proj = nn.Linear(c.n_embd, c.n_embd, bias=False)  # W_O
+        self.c_proj = nn.Linear(c.d_model, c.d_model, bias=False)  # W_O
 
     def forward(self, x, head_mask=None, record=None):
         c = self.config
@@ -280,8 +235,8 @@ class MemoryLayer(nn.Module):
             v = F.normalize(v, dim=-1)
         beta = torch.sigmoid(self.c_beta(x)).transpose(1, 2) if self.c_beta is not None else c.beta  # (B, H, T)
         mode = c.mode if c.mode != "auto" else DEFAULT_MODE.get((x.device.type, c.rule), "chunked")
-        # a sigmoid beta lies in [0, 1], and with unit-norm values oja's decay 1 - beta v_i^2 >= 0: nothing
-        # to check, so no step waits for the GPU; unnormalised oja values keep the check
+        # a sigmoid beta lies in [0, 1], and unit-norm values keep oja's gate 1 - beta v_i^2 >= 0: no check
+        # then needs to wait for the GPU
         o, S = memory(q, k, v, c.rule, beta, c.decay, mode, chunk_size=c.chunk_size or None,
                       check_values=c.rule == "oja" and not self.norm_v)
         o = self.out_norm(o)  # Norm(S_t q_t): divisive normalisation over each head's d_v features
@@ -296,8 +251,8 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_ratio * config.n_embd)
-        self.c_proj = nn.Linear(config.mlp_ratio * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model)
+        self.c_proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x)))
@@ -307,8 +262,8 @@ class Block(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.ln_1, self.attn = make_norm(config, config.n_embd), MemoryLayer(config)
-        self.mlp = nn.Sequential(make_norm(config, config.n_embd), MLP(config)) if config.use_mlp else None
+        self.ln_1, self.attn = make_norm(config, config.d_model), MemoryLayer(config)
+        self.mlp = nn.Sequential(make_norm(config, config.d_model), MLP(config)) if config.use_mlp else None
 
     def forward(self, x, head_mask=None, record=None):
         # pre-norm residual. Def. 8 adds Norm(S q) W_O to an un-normed stream; the pre-norm keeps the
@@ -322,36 +277,35 @@ class LinearAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         c = config
-        choices = dict(rule=RULES, feature_map=FEATURE_MAPS, norm_k=L2_CHOICES, norm_v=L2_CHOICES, norm=NORMS, pos=POS,
-                       mode=("auto", *MODES))
-        for name, valid in choices.items():
+        for name, valid in dict(rule=RULES, feature_map=FEATURE_MAPS, norm_k=L2_CHOICES, norm_v=L2_CHOICES, norm=NORMS,
+                                pos=POS, mode=("auto", *MODES)).items():
             if getattr(c, name) not in valid:
                 raise ValueError(f"linear_attn: {name} must be one of {', '.join(valid)}; got {getattr(c, name)!r}")
-        if min(c.n_layer, c.n_head, c.n_embd, c.mlp_ratio, c.block_size) < 1 or c.chunk_size < 0:
-            raise ValueError("linear_attn: n_layer, n_head, n_embd, mlp_ratio and block_size must be >= 1, chunk_size >= 0")
-        if c.n_embd % c.n_head:
-            raise ValueError(f"linear_attn: n_embd={c.n_embd} must split into n_head={c.n_head} heads")
-        if c.vocab_size < 1 and c.n_features < 1:
-            raise ValueError("linear_attn: the input size must be >= 1 (vocab_size for tokens or n_features for reals)")
+        if min(c.n_layer, c.n_head, c.d_model, c.mlp_ratio, c.block_size) < 1 or c.chunk_size < 0:
+            raise ValueError("linear_attn: n_layer, n_head, d_model, mlp_ratio, block_size must be >= 1, chunk_size >= 0")
+        if c.d_model % c.n_head:
+            raise ValueError(f"linear_attn: d_model={c.d_model} must split into n_head={c.n_head} heads")
         if not 0 < c.decay <= 1 or c.decay != 1 and c.rule != "hebbian":
-            raise ValueError(f"linear_attn: decay must be in (0, 1] and is for the hebbian rule only; got {c.decay} with {c.rule}")
+            raise ValueError(f"linear_attn: decay must be in (0, 1], for the hebbian rule only; got {c.decay}, {c.rule}")
         if not c.learn_beta and c.rule != "hebbian" and not 0 < c.beta <= 1:
-            raise ValueError(f"linear_attn: the {c.rule} rule needs beta in (0, 1] (beyond 1 it overshoots, beyond 2 it "
-                             f"diverges), got {c.beta}")
+            raise ValueError(f"linear_attn: the {c.rule} rule needs beta in (0, 1] (beyond 1 it overshoots), "
+                             f"got {c.beta}")
         if c.rule == "oja" and c.mode != "recurrent" and c.norm_v == "none":
             raise ValueError("linear_attn: oja's chunked form needs unit-norm values (norm_v auto or l2); "
-                             "use mode=recurrent to study unnormalised values")
+                             "use mode=recurrent for unnormalised values")
+        if c.vocab_size < 1 and c.n_features < 1:
+            raise ValueError("linear_attn: the input size must be >= 1 (vocab_size for tokens or n_features for reals)")
         self.config = c
         self.tied = bool(c.tie_head and c.vocab_size and c.answer_offset is not None and not c.gaussian)
         if self.tied and not 0 <= c.answer_offset <= c.vocab_size - c.n_classes:
             raise ValueError(f"linear_attn: answer tokens {c.answer_offset}..{c.answer_offset + c.n_classes - 1} "
                              f"lie outside the vocabulary of {c.vocab_size}")
         # real-valued inputs enter through a linear read-in instead of a token table
-        self.wte = nn.Embedding(c.vocab_size, c.n_embd) if c.vocab_size else nn.Linear(c.n_features, c.n_embd)
-        self.wpe = nn.Embedding(c.block_size, c.n_embd) if c.pos == "learned" else None
+        self.wte = nn.Embedding(c.vocab_size, c.d_model) if c.vocab_size else nn.Linear(c.n_features, c.d_model)
+        self.wpe = nn.Embedding(c.block_size, c.d_model) if c.pos == "learned" else None
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
-        self.ln_f = make_norm(c, c.n_embd)
-        self.head = None if self.tied else nn.Linear(c.n_embd, 2 if c.gaussian else c.n_classes)
+        self.ln_f = make_norm(c, c.d_model)
+        self.head = None if self.tied else nn.Linear(c.d_model, 2 if c.gaussian else c.n_classes)
         # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(number of residual branches)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -370,7 +324,7 @@ class LinearAttention(nn.Module):
 
         Causal by construction: S_t holds writes up to t only. `head_mask` (n_layer, n_head) scales each
         head's normed output (0 silences it); `skip_layers` bypasses blocks. Internals: per layer the
-        block's input residual `x` (B, T, n_embd), `q`, `k` (B, H, T, d_k) and `v` (B, H, T, d_v) as
+        block's input residual `x` (B, T, d_model), `q`, `k` (B, H, T, d_k) and `v` (B, H, T, d_v) as
         written (after phi and any L2 norm), and `S` (B, H, d_v, d_k), the memory after the last token.
         """
         c = self.config
@@ -381,7 +335,7 @@ class LinearAttention(nn.Module):
         if c.vocab_size and x.device.type == "cpu" and not torch.compiler.is_compiling() and x.numel():
             if not 0 <= x.min() <= x.max() < c.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got {x.min().item()}..{x.max().item()}")
-        h = self.wte(x)  # (B, T, n_embd)
+        h = self.wte(x)  # (B, T, d_model)
         if self.wpe is not None:
             h = h + self.wpe(torch.arange(T, device=h.device))
         layers = []
@@ -391,8 +345,6 @@ class LinearAttention(nn.Module):
                 h = block(h, None if head_mask is None else head_mask[i], record)
             layers.append(record)
         h = self.ln_f(h)
-        if self.tied:  # logits against the embeddings of the C answer tokens
-            out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T
-        else:
-            out = self.head(h)  # (B, T, C), or (B, T, 2) = (mean, log-variance)
+        # (B, T, C) logits (tied: against the C answer tokens' embeddings), or (B, T, 2) = (mean, log-variance)
+        out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T if self.tied else self.head(h)
         return (out, dict(layers=layers, final=h)) if return_internals else out

@@ -1,33 +1,27 @@
 """
 LSTM baseline for the wind tunnels: embeddings, a stack of LSTM layers, a norm and a head.
 
-The paper's v3 architecture comparison (arXiv 2512.22471 v3; the authors' code) uses an LSTM to show what
-recurrence with a fixed-size state can and cannot do: it realises belief *accumulation*
-(bijection: 0.009 bits, as good as the transformer) but not *transport* (HMM: 0.411 bits, no
-better than an MLP) and not random-access *binding* (recall: 0.5%, chance).
+The paper's v3 architecture comparison (arXiv 2512.22471 v3; the authors' code) uses an LSTM to show
+what recurrence with a fixed-size state can and cannot do: belief *accumulation*, but not *transport*
+(HMM filtering) nor random-access *binding* (recall).
 
 Design decisions:
-- the authors' model (their released code): token embeddings (+ learned absolute positions on the bijection,
-  none on the HMM), `nn.LSTM(d, d, num_layers)` with dropout between layers, LayerNorm, and a
-  head tied to the answer tokens' embeddings where answers are tokens (else a linear head).
-  Their sizes: bijection d 192 x 6 layers with positions, tied head (1.79M parameters);
-  HMM d 256 x 9 layers without positions, Linear(256 -> 5) (4.77M);
-- the stack is built from one single-layer `nn.LSTM` per layer rather than one multi-layer
-  module: the same function and parameters (tests/test_baselines.py checks this), but each
-  layer's input can be recorded and a layer can be bypassed (output = input), as for the
-  other models' diagnostics;
-- `residual=True` adds each layer's output to its input (not the authors' model; an option
-  for deep stacks);
-- inputs: token embeddings, or a linear read-in for real-valued features (regression); a
-  Gaussian head gives (mean, log-variance);
-- the LSTM layers run in float32 under bf16 autocast (train.py's default on CUDA), as the
-  Mamba scan does: the entropies are compared to 1e-3 bits;
-- init: embeddings and heads N(0, 0.02) like the transformer (the tied head then starts near
-  uniform); the LSTM weights and biases keep PyTorch's U(+-1/sqrt(d)), as in the authors' code.
+- the authors' model (their released code): token embeddings (+ learned absolute positions on the
+  bijection, none on the HMM), `nn.LSTM(d, d, num_layers)` with dropout between layers, LayerNorm, and a
+  head tied to the answer tokens' embeddings where answers are tokens (else a linear head);
+- the stack is one single-layer `nn.LSTM` per layer rather than one multi-layer module: the same function
+  and parameters (tests/test_baselines.py checks this), but each layer's input can be recorded and a layer
+  bypassed (output = input), as for the other models' diagnostics;
+- `residual=True` adds each layer's output to its input (not the authors' model; for deep stacks);
+- inputs: token embeddings, or a linear read-in for real-valued features (regression); a Gaussian head
+  gives (mean, log-variance);
+- the LSTM layers run in float32 under bf16 autocast, as the Mamba scan does: the entropies are compared
+  to 1e-3 bits;
+- init: embeddings and heads N(0, 0.02) like the transformer (the tied head then starts near uniform);
+  the LSTM weights and biases keep PyTorch's U(+-1/sqrt(d)), as in the authors' code.
 
-Causal by construction: the recurrence runs forward in time, so the output at t depends on
-inputs <= t only. `forward(x, skip_layers=(), return_internals=False)`; internals hold, per
-layer, the layer's input `x` (B, T, d_model), and `final`, the normed last hidden sequence.
+Causal by construction: the recurrence runs forward in time. `forward(x, skip_layers=(),
+return_internals=False)`; internals: per layer its input `x` (B, T, d_model), and `final`.
 """
 from dataclasses import dataclass
 
@@ -57,7 +51,6 @@ POS = ("learned", "none")
 
 
 class LSTM(nn.Module):
-    width_field = "d_model"  # the field train.py's --match_params resizes
 
     def __init__(self, config):
         super().__init__()
@@ -115,8 +108,6 @@ class LSTM(nn.Module):
                 y, _ = lstm(self.drop(h) if i > 0 else h)  # dropout between layers, as nn.LSTM(dropout=p) does
                 h = h + y if c.residual else y
         h = self.ln_f(h)
-        if self.tied:  # logits against the embeddings of the C answer tokens
-            out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T
-        else:
-            out = self.head(h)  # (B, T, C), or (B, T, 2) = (mean, log-variance)
+        # (B, T, C) logits (tied: against the C answer tokens' embeddings), or (B, T, 2) = (mean, log-variance)
+        out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T if self.tied else self.head(h)
         return (out, dict(layers=layers, final=h)) if return_internals else out

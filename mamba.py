@@ -1,44 +1,27 @@
 """
-Mamba (a selective state space model) for the wind tunnels, with a pure-PyTorch selective scan.
+Mamba (Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with Selective State Spaces") for the wind
+tunnels, with a pure-PyTorch selective scan.
+- SSM, eq. (2a, 2b): h_t = Ā_t h_{t-1} + B̄_t x_t, y_t = C_t h_t per channel, with a diagonal A;
+  eq. (4): Ā = exp(ΔA) (zero-order hold), and B̄ ≈ ΔB, as the official `selective_scan_ref` does;
+- selection (Algorithm 2, S6): B = s_B(x), C = s_C(x), Δ = softplus(bias + s_Δ(x)), s_Δ of rank R (dt_rank);
+- the block (Figure 3): in_proj to (x, z), causal depthwise conv + SiLU, the SSM, + D·x, × SiLU(z), out_proj;
+  pre-norm residual blocks, a final norm and the head;
+- the official init: A = -(1..N) per channel (S4D-real, kept as A_log), Δ log-uniform in [1e-3, 1e-1]
+  through dt_proj's bias, D = 1; no clamps (the authors' wind-tunnel Mamba clamps Δ, ΔA, ΔBx and h and
+  adds a LayerNorm on y; this is the paper's model).
 
-Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with Selective State Spaces". Implemented here:
-- the discrete SSM recurrence, eq. (2a, 2b): h_t = Ā_t h_{t-1} + B̄_t x_t, y_t = C_t h_t, run per channel
-  with a diagonal A;
-- discretisation, eq. (4): zero-order hold for A, Ā = exp(ΔA); for B the simpler B̄ ≈ ΔB that the
-  official reference `selective_scan_ref` uses (per the authors, performance barely changes);
-- selection, Algorithm 2 (S6): B = s_B(x), C = s_C(x), Δ = softplus(bias + s_Δ(x)), with s_Δ a rank-R
-  projection (dt_rank);
-- the block of Figure 3: in_proj to (x, z), causal depthwise conv + SiLU, the SSM, + D·x, × SiLU(z),
-  out_proj; blocks in a pre-norm residual stack, then a final norm and the head;
-- the official initialisation: A = -(1..N) in every channel (S4D-real, stored as A_log), Δ log-uniform
-  in [1e-3, 1e-1] through an inverse-softplus bias on dt_proj, D = 1. There are no clamps. The authors'
-  wind-tunnel Mamba (their released code) clamps Δ, ΔA, ΔBx and h and adds a LayerNorm on y; we keep
-  the paper's model.
+Glossary (mamba-minimal's names, the paper's in brackets): b, l batch and length [B, L]; d_model [D];
+d_in = expand * d_model, the SSM's channels [ED]; n = d_state, state size per channel [N]; dt_rank [R];
+delta (b, d_in, l) step sizes Δ > 0; A (d_in, n) < 0; B, C (b, n, l), chosen per token; D (d_in,) skip;
+h (b, d_in, n) state; deltaA = Ā = exp(ΔA); deltaB_u = B̄x = ΔBx.
 
-Glossary (mamba-minimal's names; the paper's notation in brackets):
-    b        batch size                               [B]
-    l        sequence length                          [L]
-    d_model  residual width                           [D]
-    d_in     channels the SSM runs on, expand*d_model [ED]
-    n        state size per channel, d_state          [N]
-    dt_rank  rank of the Δ projection                 [R]
-    delta    step sizes Δ, (b, d_in, l), > 0
-    A        (d_in, n) diagonal state matrix, < 0
-    B, C     (b, n, l) input and output matrices, chosen per token
-    D        (d_in,) skip connection
-    h        hidden state (b, d_in, n)
-    deltaA   Ā = exp(ΔA);  deltaB_u = B̄x = ΔBx
-
-Selective scan: `selective_scan` has the arguments and semantics of the official `selective_scan_ref`.
-It runs as one autograd Function (SelectiveScan) that stores no per-step states: the forward keeps the
-state entering every block of `chunk` steps, and the backward recomputes each block's states from it
-and runs the adjoint recurrence backwards in time (equations in SelectiveScan's docstring). Three modes:
-- "sequential": one step at a time on (b, d, n) slices (`scan_step`, `adjoint_step`), eager;
-- "compiled": the same loop with each step fused into one kernel by torch.compile, the CPU default;
-- "chunked": the same maths on whole (l, b, d, n) tensors in about 2 sqrt(l) sequential steps
-  (`linear_scan`), far fewer kernel launches on a GPU.
-With Δ >= 0 and A <= 0 (always so in the model) every exponent is <= 0 and nothing is divided by a
-decay, so both are finite at any length.
+`selective_scan` has the arguments and semantics of the official `selective_scan_ref`, as one autograd
+Function (SelectiveScan) that stores no per-step states: the forward keeps the state entering each block
+of `chunk` steps, the backward recomputes each block and runs the adjoint recurrence backwards in time.
+Modes: "sequential", one step at a time on (b, d, n) slices; "compiled", the same with each step fused
+by torch.compile (the CPU default); "chunked", whole (l, b, d, n) tensors in about 2 sqrt(l) sequential
+steps (`linear_scan`), for GPUs. With Δ >= 0 and A <= 0 every exponent is <= 0 and nothing is divided
+by a decay, so all three are finite at any length.
 """
 from dataclasses import dataclass
 import math
@@ -51,9 +34,8 @@ import torch.nn.functional as F
 from einops import rearrange
 
 SCAN_MODES = ("sequential", "compiled", "chunked")
-# mode=None: on a CPU the sequential loop with each step fused by torch.compile (eager where compiling
-# fails), chunked elsewhere. WINDTUNNEL_SCAN sets the CPU's mode instead (the tests run "sequential":
-# compiling takes seconds for each new shape).
+# mode=None: "compiled" on a CPU (eager where compiling fails), "chunked" elsewhere. WINDTUNNEL_SCAN sets
+# the CPU's mode instead (the tests run "sequential": compiling again for each new shape is slow)
 DEFAULT_SCAN = {"cpu": os.environ.get("WINDTUNNEL_SCAN", "compiled")}
 if DEFAULT_SCAN["cpu"] not in SCAN_MODES:
     raise ValueError(f"WINDTUNNEL_SCAN={DEFAULT_SCAN['cpu']!r}: valid modes are {', '.join(SCAN_MODES)}")
@@ -329,7 +311,7 @@ class MambaConfig:
     pos: str = "none"  # position encoding: none (the recurrence knows the order) | learned
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "rmsnorm"  # rmsnorm (official Mamba) | layernorm
-    scan: str = "auto"  # selective scan: auto (per device) | sequential | chunked
+    scan: str = "auto"  # selective scan: auto (per device) | sequential | compiled | chunked
 
 
 POS = ("none", "learned")
@@ -394,7 +376,6 @@ class Block(nn.Module):
 
 
 class Mamba(nn.Module):
-    width_field = "d_model"  # the field train.py's --match_params resizes
 
     def __init__(self, config):
         super().__init__()
@@ -457,8 +438,6 @@ class Mamba(nn.Module):
                 h = block(h, record)
             layers.append(record)
         h = self.norm_f(h)
-        if self.tied:  # logits against the embeddings of the C answer tokens
-            out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T
-        else:
-            out = self.head(h)  # (B, T, C), or (B, T, 2) = (mean, log-variance)
+        # (B, T, C) logits (tied: against the C answer tokens' embeddings), or (B, T, 2) = (mean, log-variance)
+        out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T if self.tied else self.head(h)
         return (out, dict(layers=layers, final=h)) if return_internals else out

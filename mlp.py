@@ -1,39 +1,27 @@
 """
 Capacity-matched residual MLP baseline for the wind tunnels: no recurrence, no attention.
 
-The paper's v1 control (arXiv 2512.22471 v1): residual MLPs with LayerNorm, 18-20 layers of
-width 384-400, parameter count within 1% of the transformer; it fails by orders of magnitude
-(bijection ≈ 1.85 bits, HMM ≈ 0.409 bits). How that MLP saw the context is not stated in any
-source, so both readings are here:
-
-- default, the flattened prefix: at position t the MLP sees the embeddings of all inputs
-  <= t laid side by side in one vector, zero-padded to the task's longest sequence
-  (block_size), plus the current token and position. It sees everything at once but has no
-  sequence machinery: each slot s has its own first-layer weights W_s, nothing is shared
-  across positions, and no order or recurrence is built in. Causal: slots after t are zero.
-  A third-party replication used an MLP on the flattened sequence;
-- `per_position=True`: only the current token and its position (the authors' later control
-  in a follow-up note, 9 blocks of 192 -> 768 -> 192 with a tied head). It can do no better than the
-  position-averaged predictor: 1.107 bits on the bijection (uniform over the V values at
-  every position), where theirs plateaus.
+The paper's v1 control (arXiv 2512.22471 v1) is a residual MLP with LayerNorm at the transformer's
+parameter count. How it saw the context is not stated in any source, so both readings are here:
+- default, the flattened prefix: at position t the MLP sees the embeddings of all inputs <= t laid side
+  by side in one vector, zero-padded to block_size slots, plus the current token and position. It sees
+  everything at once but has no sequence machinery: each slot s has its own first-layer weights W_s,
+  nothing is shared across positions, and no order or recurrence is built in. Causal: slots after t are 0;
+- `per_position=True`: only the current token and position (the authors' later control): no better than
+  the position-averaged predictor.
 
 Design decisions:
-- blocks: x + Linear(GELU(Linear(LayerNorm(x)))), hidden width mlp_ratio * d_model; with
-  mlp_ratio = 1 (default) 9 blocks are the paper's 18 layers of width d_model;
-- the flattened first layer: W [e_0, ..., e_t, 0, ..., 0] = sum_{s<=t} W_s e_s, so it is
-  computed as one batched product per slot, (B, T, d_flat) x (T, d_flat, d_model), and a
-  cumulative sum over positions: memory (B, T, d_model) instead of the (B, T, block_size *
-  d_flat) padded inputs (tests check the two agree). Each prefix token is embedded at a
-  narrow width d_flat, since the first layer has block_size * d_flat * d_model weights;
-- slots past the training length (hmm evaluated at K = 50 after training at K = 20) have
+- blocks: x + Linear(GELU(Linear(LayerNorm(x)))), hidden width mlp_ratio * d_model (1: 2 layers of d_model);
+- the flattened first layer: W [e_0, ..., e_t, 0, ..., 0] = sum_{s<=t} W_s e_s, one batched product per
+  slot and a cumulative sum over positions: memory (B, T, d_model) instead of the padded (B, T, block_size
+  * d_flat) inputs (tests check the two agree). Prefix tokens are embedded at a narrow width d_flat,
+  since the first layer has block_size * d_flat * d_model weights; slots past the training length have
   untrained weights, like a learned position table;
-- inputs: token embeddings or a linear read-in for real-valued features (whose bias marks a
-  filled slot); outputs: C logits, tied to the answer tokens' embeddings where answers are
-  tokens, or (mean, log-variance) for a Gaussian head; init N(0, 0.02) (GPT-2), the residual
-  output projections scaled by 1/sqrt(2 n_layer).
+- inputs: token embeddings or a linear read-in for real-valued features (whose bias marks a filled slot);
+  outputs: C logits, tied to the answer tokens' embeddings where answers are tokens, or (mean,
+  log-variance); init N(0, 0.02) (GPT-2), the residual output projections scaled by 1/sqrt(2 n_layer).
 
-`forward(x, skip_layers=(), return_internals=False)`; internals hold, per block, its input
-residual `x` (B, T, d_model), and `final`, the normed last residual.
+`forward(x, skip_layers=(), return_internals=False)`; internals: per block its input residual `x`, and `final`.
 """
 from dataclasses import dataclass
 import math
@@ -75,7 +63,6 @@ class Block(nn.Module):
 
 
 class MLP(nn.Module):
-    width_field = "d_model"  # the field train.py's --match_params resizes
 
     def __init__(self, config):
         super().__init__()
@@ -134,8 +121,6 @@ class MLP(nn.Module):
             if i not in skip_layers:
                 h = block(h)
         h = self.ln_f(h)
-        if self.tied:  # logits against the embeddings of the C answer tokens
-            out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T
-        else:
-            out = self.head(h)  # (B, T, C), or (B, T, 2) = (mean, log-variance)
+        # (B, T, C) logits (tied: against the C answer tokens' embeddings), or (B, T, 2) = (mean, log-variance)
+        out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T if self.tied else self.head(h)
         return (out, dict(layers=layers, final=h)) if return_internals else out

@@ -72,10 +72,6 @@ TINY_MODEL = dict(n_layer=1, n_head=2, d_state=4, d_flat=4)
 TINY_WIDTH = 16
 
 
-def width_field(model):
-    return getattr(train.MODELS[model][1], "width_field", "n_embd")
-
-
 def row_models():
     """The table's rows that can run: train.py's models, and the variants of them."""
     return [m for m in MODEL_ORDER if VARIANTS.get(m, m) in train.MODELS] + \
@@ -90,7 +86,7 @@ def cell_argv(task, model, preset, out_dir, extra):
     argv = ["--task", task, "--model", base, "--preset", "quick" if preset == "tiny" else preset]
     if preset == "tiny":
         names = {f.name for f in fields(train.MODELS[base][0])}
-        opts = opts | {k: v for k, v in TINY_MODEL.items() if k in names} | {width_field(base): TINY_WIDTH}
+        opts = opts | {k: v for k, v in TINY_MODEL.items() if k in names} | {"d_model": TINY_WIDTH}
         argv += TINY_TRAIN + TINY_TASK.get(task, [])
     return argv + [a for k, v in opts.items() for a in (f"--{k}", str(v))] + ["--out_dir", out_dir] + extra
 

@@ -40,15 +40,14 @@ class TransformerConfig:
     # architecture
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads per block
-    n_embd: int = 128  # residual width d_model
-    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
+    d_model: int = 128  # residual width
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     pos: str = "learned"  # position encoding: learned | rotary | alibi | learned_alibi (both) | none
     n_pos: int = 0  # learned rows: positions >= n_pos share the last row (0 = block_size, every position its own)
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "layernorm"  # layernorm | rmsnorm
     bias: bool = True  # biases in linear layers and norms
     dropout: float = 0.0  # the paper's models use none
-    init_std: float = 0.02  # std of the N(0, std) init of weights and embeddings (GPT-2: 0.02)
 
 
 POS = ("learned", "rotary", "alibi", "learned_alibi", "none")
@@ -57,8 +56,8 @@ NORMS = ("layernorm", "rmsnorm")
 
 def make_norm(config):
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=1e-6)
-    return nn.LayerNorm(config.n_embd, bias=config.bias)
+        return nn.RMSNorm(config.d_model, eps=1e-6)
+    return nn.LayerNorm(config.d_model, bias=config.bias)
 
 
 def alibi_bias(n_head, T, device):
@@ -80,8 +79,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.c_proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.dropout = config.dropout
 
     def forward(self, x, rope=None, head_mask=None, record=None, bias=None):
@@ -114,8 +113,8 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_ratio * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_ratio * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
@@ -141,29 +140,34 @@ class Transformer(nn.Module):
         c = config
         if c.pos not in POS or c.norm not in NORMS:
             raise ValueError(f"transformer: pos must be one of {POS} and norm one of {NORMS}, got {c.pos!r}, {c.norm!r}")
-        if c.n_embd % c.n_head or (c.pos == "rotary" and (c.n_embd // c.n_head) % 2):
-            raise ValueError(f"transformer: n_embd={c.n_embd} must split into n_head={c.n_head} heads"
+        if c.d_model % c.n_head or (c.pos == "rotary" and (c.d_model // c.n_head) % 2):
+            raise ValueError(f"transformer: d_model={c.d_model} must split into n_head={c.n_head} heads"
                              f"{' of even size (rotary)' if c.pos == 'rotary' else ''}")
-        if min(c.n_layer, c.n_head, c.n_embd, c.block_size) < 1 or (c.vocab_size < 1 and c.n_features < 1):
-            raise ValueError("transformer: n_layer, n_head, n_embd, block_size and the input size must be >= 1")
+        if min(c.n_layer, c.n_head, c.d_model, c.block_size) < 1:
+            raise ValueError("transformer: n_layer, n_head, d_model and block_size must be >= 1")
         if c.n_pos < 0:
             raise ValueError(f"transformer: n_pos must be >= 0, got {c.n_pos}")
+        if c.vocab_size < 1 and c.n_features < 1:
+            raise ValueError("transformer: the input size must be >= 1 (vocab_size for tokens or n_features for reals)")
         self.config = c
+        self.tied = bool(c.tie_head and c.vocab_size and c.answer_offset is not None and not c.gaussian)
+        if self.tied and not 0 <= c.answer_offset <= c.vocab_size - c.n_classes:
+            raise ValueError(f"transformer: answer tokens {c.answer_offset}..{c.answer_offset + c.n_classes - 1} "
+                             f"lie outside the vocabulary of {c.vocab_size}")
         # real-valued inputs enter through a linear read-in instead of a token table
-        self.wte = nn.Embedding(c.vocab_size, c.n_embd) if c.vocab_size else nn.Linear(c.n_features, c.n_embd)
-        self.wpe = nn.Embedding(c.n_pos or c.block_size, c.n_embd) if c.pos.startswith("learned") else None
+        self.wte = nn.Embedding(c.vocab_size, c.d_model) if c.vocab_size else nn.Linear(c.n_features, c.d_model)
+        self.wpe = nn.Embedding(c.n_pos or c.block_size, c.d_model) if c.pos.startswith("learned") else None
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
         self.ln_f = make_norm(c)
-        self.tied = c.tie_head and c.vocab_size and c.answer_offset is not None and not c.gaussian
-        self.head = None if self.tied else nn.Linear(c.n_embd, 2 if c.gaussian else c.n_classes, bias=c.bias)
+        self.head = None if self.tied else nn.Linear(c.d_model, 2 if c.gaussian else c.n_classes, bias=c.bias)
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=c.init_std / math.sqrt(2 * c.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
 
@@ -171,7 +175,7 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def rope(self, T, device):
-        d = self.config.n_embd // self.config.n_head
+        d = self.config.d_model // self.config.n_head
         inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=device).float() / d))
         angles = torch.outer(torch.arange(T, device=device).float(), inv_freq)  # (T, d/2)
         return angles.cos(), angles.sin()
@@ -185,7 +189,7 @@ class Transformer(nn.Module):
         if c.vocab_size and x.device.type == "cpu" and not torch.compiler.is_compiling() and x.numel():
             if not 0 <= x.min() <= x.max() < c.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got {x.min().item()}..{x.max().item()}")
-        h = self.wte(x)  # (B, T, n_embd)
+        h = self.wte(x)  # (B, T, d_model)
         if self.wpe is not None:  # with n_pos, every position from n_pos - 1 on reads the same (trained) row
             h = h + self.wpe(torch.arange(T, device=h.device).clamp(max=self.wpe.num_embeddings - 1))
         rope = self.rope(T, h.device) if c.pos == "rotary" else None
@@ -197,8 +201,6 @@ class Transformer(nn.Module):
                 h = block(h, rope, None if head_mask is None else head_mask[i], record, bias)
             layers.append(record)
         h = self.ln_f(h)
-        if self.tied:  # logits against the embeddings of the C answer tokens
-            out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T
-        else:
-            out = self.head(h)  # (B, T, C), or (B, T, 2) = (mean, log-variance)
+        # (B, T, C) logits (tied: against the C answer tokens' embeddings), or (B, T, 2) = (mean, log-variance)
+        out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T if self.tied else self.head(h)
         return (out, dict(layers=layers, final=h)) if return_internals else out

@@ -7,6 +7,7 @@ import torch.nn as nn
 import tasks
 import presets
 import train
+from conftest import loss_before_after
 from lstm import LSTM, LSTMConfig
 from mlp import MLP, MLPConfig
 
@@ -137,20 +138,8 @@ def test_bad_configs_and_too_long_sequences():
 
 @pytest.mark.parametrize("model", ["lstm", "mlp"])
 def test_a_few_steps_lower_the_loss(model):
-    task = tasks.make_task("bijection", V=6)
-    cfg = train.build_config("bijection", model, "quick", dict(V=6, n_layer=1, d_model=32, lr=1e-2))
-    torch.manual_seed(0)
-    _, _, net, opt, _ = train.build(cfg, torch.device("cpu"))
-    fixed = task.sample(256, torch.Generator().manual_seed(1))
-    before = task.loss(net(fixed.x), fixed).item()
-    g = torch.Generator().manual_seed(2)
-    for _ in range(60):
-        b = task.sample(64, g)
-        loss = task.loss(net(b.x), b)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert task.loss(net(fixed.x), fixed).item() < before - 0.1
+    before, after = loss_before_after(model, dict(n_layer=1, d_model=32, lr=1e-2), steps=60)
+    assert after < before - 0.1
 
 # -----------------------------------------------------------------------------
 # capacity matching
@@ -171,11 +160,11 @@ def test_match_params_lands_within_2_percent_of_the_transformer(task, model, cap
 
 
 def test_match_params_skips_widths_the_model_rejects_and_errors_when_out_of_reach():
-    *_, odd, _, _ = train.build(train.build_config("bijection", "transformer", "quick", dict(n_head=1, n_embd=197)),
+    *_, odd, _, _ = train.build(train.build_config("bijection", "transformer", "quick", dict(n_head=1, d_model=197)),
                                 torch.device("cpu"))
     cfg = train.build_config("bijection", "transformer", "quick", dict(match_params=odd.num_params(), n_head=2))
     *_, net, _, mc = train.build(cfg, torch.device("cpu"))
-    assert mc["n_embd"] in (196, 198) and abs(net.num_params() / odd.num_params() - 1) <= 0.02
+    assert mc["d_model"] in (196, 198) and abs(net.num_params() / odd.num_params() - 1) <= 0.02
     cfg = train.build_config("bijection", "mlp", "quick", dict(match_params=10))
     with pytest.raises(ValueError, match="the closest d_model=1 gives"):
         train.build(cfg, torch.device("cpu"))

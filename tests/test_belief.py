@@ -66,7 +66,7 @@ def test_a_random_representation_scores_near_zero_held_out():
 # -----------------------------------------------------------------------------
 # end to end on tiny checkpoints written by train.py
 
-WIDTH = dict(transformer=["--n_head", "2", "--n_embd", "16"], linear_attn=["--n_head", "2", "--n_embd", "16"],
+WIDTH = dict(transformer=["--n_head", "2", "--d_model", "16"], linear_attn=["--n_head", "2", "--d_model", "16"],
              mamba=["--d_model", "16"], lstm=["--d_model", "16"], mlp=["--d_model", "16", "--d_flat", "4"])
 
 
@@ -75,8 +75,8 @@ def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("belief")
     argvs = {m: HMM + ["--model", m] + w for m, w in WIDTH.items()}
     argvs["recall"] = ["--task", "recall", "--n_pairs", "4", "--n_queries", "2", "--key_vocab", "8",
-                       "--value_vocab", "8", "--filler", "2", "--n_head", "2", "--n_embd", "16"]
-    argvs["regression"] = ["--task", "regression", "--K", "4", "--d", "2", "--n_head", "2", "--n_embd", "16"]
+                       "--value_vocab", "8", "--filler", "2", "--n_head", "2", "--d_model", "16"]
+    argvs["regression"] = ["--task", "regression", "--K", "4", "--d", "2", "--n_head", "2", "--d_model", "16"]
     for name, argv in argvs.items():
         assert train.main(argv + SMALL + ["--out_dir", str(d / name)]) == 0
     return {name: str(d / name) for name in argvs}

@@ -176,11 +176,11 @@ def test_a_batch_drawn_with_a_gpu_generator_lives_on_the_gpu(name):
                                    hmm_filter(lat["trans"], lat["emit"], lat["obs"]).float())
 
 
-SMALL_MODELS = {"transformer": dict(n_layer=1, n_head=2, n_embd=16), "mamba": dict(n_layer=1, d_model=16),
+SMALL_MODELS = {"transformer": dict(n_layer=1, n_head=2, d_model=16), "mamba": dict(n_layer=1, d_model=16),
                 "lstm": dict(n_layer=1, d_model=16), "mlp": dict(n_layer=2, d_model=16),
-                "linear_attn": dict(n_layer=1, n_head=2, n_embd=16),
-                "linear_attn delta": dict(n_layer=1, n_head=2, n_embd=16, rule="delta", learn_beta=True),
-                "linear_attn oja": dict(n_layer=1, n_head=2, n_embd=16, rule="oja", learn_beta=True)}
+                "linear_attn": dict(n_layer=1, n_head=2, d_model=16),
+                "linear_attn delta": dict(n_layer=1, n_head=2, d_model=16, rule="delta", learn_beta=True),
+                "linear_attn oja": dict(n_layer=1, n_head=2, d_model=16, rule="oja", learn_beta=True)}
 
 
 @cuda

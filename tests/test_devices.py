@@ -56,7 +56,7 @@ class FakeMPS(TorchFunctionMode):
 @pytest.mark.parametrize("task", ["hmm", "regression"])
 def test_a_device_without_float64_gets_only_the_models_tensors(tmp_path, monkeypatch, task):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
-    argv = ["--task", task, "--device", "mps", "--n_embd", "16", "--n_head", "2", "--out_dir", str(tmp_path)]
+    argv = ["--task", task, "--device", "mps", "--d_model", "16", "--n_head", "2", "--out_dir", str(tmp_path)]
     with FakeMPS() as mps:
         assert run_main(argv + TINY + SMALL[task]) == 0
     assert len(mps.on) > 0  # the model did run "on MPS"
@@ -72,7 +72,7 @@ def test_compile_falls_back_to_eager_at_the_first_backward(tmp_path, monkeypatch
     # with the aot_eager backend the chunked linear attention compiles its forward and then raises
     # "view size is not compatible" in the backward
     compile_with(monkeypatch, "aot_eager")
-    argv = ["--task", "bijection", "--V", "6", "--model", "linear_attn", "--mode", "chunked", "--n_embd", "16",
+    argv = ["--task", "bijection", "--V", "6", "--model", "linear_attn", "--mode", "chunked", "--d_model", "16",
             "--n_head", "2", "--compile", "--device", "cpu", "--out_dir", str(tmp_path)]
     assert run_main(argv + TINY) == 0
     out = capsys.readouterr().out

@@ -21,7 +21,7 @@ D = torch.float64
 
 
 def tiny(**kw):
-    c = dict(vocab_size=10, n_classes=5, answer_offset=5, block_size=9, n_layer=2, n_head=2, n_embd=16)
+    c = dict(vocab_size=10, n_classes=5, answer_offset=5, block_size=9, n_layer=2, n_head=2, d_model=16)
     torch.manual_seed(0)
     return Transformer(TransformerConfig(**(c | kw))).double().eval()
 
@@ -112,8 +112,8 @@ HMM = ["--task", "hmm", "--K", "4", "--n_states", "3", "--n_obs", "3"]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("runs")
-    argvs = dict(bij=["--task", "bijection", "--V", "6", "--n_head", "2", "--n_embd", "16", "--ckpt_schedule", "log"],
-                 hmm=HMM + ["--n_head", "2", "--n_embd", "16"],
+    argvs = dict(bij=["--task", "bijection", "--V", "6", "--n_head", "2", "--d_model", "16", "--ckpt_schedule", "log"],
+                 hmm=HMM + ["--n_head", "2", "--d_model", "16"],
                  mamba=HMM + ["--model", "mamba", "--d_model", "16"], lstm=HMM + ["--model", "lstm", "--d_model", "16"])
     for name, argv in argvs.items():
         assert train.main(argv + SMALL + ["--out_dir", str(d / name)]) == 0
@@ -202,7 +202,7 @@ def test_missing_checkpoint_from_the_shell(tmp_path):
 
 
 def test_ablate_on_a_regression_checkpoint(tmp_path):
-    argv = ["--task", "regression", "--K", "4", "--d", "2", "--n_head", "2", "--n_embd", "16",
+    argv = ["--task", "regression", "--K", "4", "--d", "2", "--n_head", "2", "--d_model", "16",
             "--out_dir", str(tmp_path)]
     assert train.main(argv + SMALL) == 0
     assert geometry_main(["all", "--ckpt", str(tmp_path), "--n_seq", "8", "--no_plot"]) == 0

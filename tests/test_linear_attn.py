@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import loss_before_after
 from linear_attn import RULES, LinearAttention, LinearAttentionConfig, memory
 from oracles import Metrics, oracle
 from tasks import IGNORE, make_task
@@ -159,7 +160,7 @@ def test_beta_error_says_why():
 
 
 def tiny(**kw):
-    c = dict(vocab_size=12, n_classes=5, answer_offset=7, block_size=24, n_layer=2, n_head=2, n_embd=16, mlp_ratio=2)
+    c = dict(vocab_size=12, n_classes=5, answer_offset=7, block_size=24, n_layer=2, n_head=2, d_model=16, mlp_ratio=2)
     torch.manual_seed(0)
     return LinearAttention(LinearAttentionConfig(**(c | kw))).double()
 
@@ -216,7 +217,7 @@ def test_parameter_count_by_hand():
 @pytest.mark.parametrize("kw, match", [
     (dict(rule="bcm"), "rule must be one of hebbian, delta, oja"), (dict(feature_map="relu"), "feature_map"),
     (dict(norm="batchnorm"), "norm must be"), (dict(pos="rotary"), "pos must be"), (dict(mode="scan"), "mode must be"),
-    (dict(norm_k="sum"), "norm_k"), (dict(n_embd=15), "n_head"), (dict(n_layer=0), ">= 1"),
+    (dict(norm_k="sum"), "norm_k"), (dict(d_model=15), "n_head"), (dict(n_layer=0), ">= 1"),
     (dict(decay=0.0), "decay"), (dict(rule="delta", decay=0.9), "hebbian rule only"),
     (dict(rule="oja", beta=2.0), r"beta in \(0, 1\]"), (dict(rule="oja", norm_v="none"), "unit-norm values"),
     (dict(answer_offset=10), "outside the vocabulary"), (dict(vocab_size=0, n_features=0), "input size")])
@@ -237,7 +238,7 @@ def test_trains_through_train_py(tmp_path, rule):
     assert train.MODELS["linear_attn"] == (LinearAttentionConfig, LinearAttention)
     helps = train.field_help(LinearAttentionConfig)
     assert all(helps.get(f) for f in LinearAttentionConfig.__dataclass_fields__), "every field needs a # help comment"
-    rc = train.main(["--task", "bijection", "--model", "linear_attn", "--rule", rule, "--V", "6", "--n_embd", "16",
+    rc = train.main(["--task", "bijection", "--model", "linear_attn", "--rule", rule, "--V", "6", "--d_model", "16",
                      "--n_head", "2", "--n_layer", "1", "--learn_beta", "--max_iters", "4", "--log_interval", "2",
                      "--eval_interval", "4", "--eval_samples", "20", "--eval_samples_during", "20", "--batch_size", "8",
                      "--out_dir", str(tmp_path)])
@@ -247,22 +248,9 @@ def test_trains_through_train_py(tmp_path, rule):
 
 @pytest.mark.parametrize("rule", RULES)
 def test_a_few_steps_lower_the_loss(rule):
-    import train
-    torch.manual_seed(0)
-    task = make_task("bijection", V=6)  # Bayes loss 1.32 nats; a constant predictor gets 1.79
-    cfg = train.build_config("bijection", "linear_attn", "quick",
-                             dict(V=6, n_layer=1, n_embd=32, n_head=2, lr=3e-3, rule=rule, learn_beta=True))
-    _, _, model, opt, _ = train.build(cfg, torch.device("cpu"))
-    fixed = task.sample(256, torch.Generator().manual_seed(1))
-    before = task.loss(model(fixed.x), fixed).item()
-    g = torch.Generator().manual_seed(2)
-    for _ in range(40):
-        b = task.sample(64, g)
-        loss = task.loss(model(b.x), b)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert task.loss(model(fixed.x), fixed).item() < before - 0.2
+    opts = dict(n_layer=1, d_model=32, n_head=2, lr=3e-3, rule=rule, learn_beta=True)
+    before, after = loss_before_after("linear_attn", opts, steps=40)
+    assert after < before - 0.2
 
 
 def test_hop_trains_through_train_py(tmp_path, monkeypatch):
@@ -270,7 +258,7 @@ def test_hop_trains_through_train_py(tmp_path, monkeypatch):
     if "hop" not in train.PRESETS["quick"]:  # train.py has no preset for hop yet
         monkeypatch.setitem(train.PRESETS["quick"], "hop", {})
     rc = train.main(["--task", "hop", "--model", "linear_attn", "--rule", "delta", "--n_facts", "4", "--depth", "2",
-                     "--n_entities", "8", "--n_embd", "16", "--n_head", "2", "--n_layer", "2", "--use_mlp", "false",
+                     "--n_entities", "8", "--d_model", "16", "--n_head", "2", "--n_layer", "2", "--use_mlp", "false",
                      "--max_iters", "3", "--log_interval", "3", "--eval_interval", "3", "--eval_samples", "20",
                      "--eval_samples_during", "20", "--batch_size", "8", "--out_dir", str(tmp_path)])
     assert rc == 0 and (tmp_path / "results.json").exists()
@@ -279,7 +267,7 @@ def test_hop_trains_through_train_py(tmp_path, monkeypatch):
 @pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 def test_bf16_autocast_computes_the_memory_in_float32():
     torch.manual_seed(0)
-    model = LinearAttention(LinearAttentionConfig(vocab_size=12, n_classes=5, answer_offset=7, n_embd=16, n_head=2,
+    model = LinearAttention(LinearAttentionConfig(vocab_size=12, n_classes=5, answer_offset=7, d_model=16, n_head=2,
                                                   rule="delta", learn_beta=True, mode="chunked"))
     x = torch.randint(12, (2, 30))
     ref = model(x)

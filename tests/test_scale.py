@@ -12,7 +12,7 @@ import torch
 import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--max_iters", "6",
+TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--d_model", "16", "--max_iters", "6",
         "--batch_size", "8", "--log_interval", "1", "--eval_interval", "6", "--eval_samples", "20",
         "--eval_samples_during", "10", "--device", "cpu", "--lr", "1e-2", "--warmup_iters", "1"]
 
@@ -103,7 +103,7 @@ def test_bench_rejects_unknown_models_and_sizes(capsys):
 def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path):
     import time_to_target
     out, res = tmp_path / "out", tmp_path / "res"
-    tiny = ["--max_iters", "4", "--batch_size", "8", "--n_layer", "1", "--n_head", "2", "--n_embd", "16",
+    tiny = ["--max_iters", "4", "--batch_size", "8", "--n_layer", "1", "--n_head", "2", "--d_model", "16",
             "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cpu"]
     assert time_to_target.main(["--tasks", "bijection", "--eval_interval", "2", "--out", str(out), "--results", str(res),
                                 "--", *tiny, "--V", "6"]) == 0

@@ -13,9 +13,10 @@ import torch
 import tasks
 import train
 from cli import exit_code
+from conftest import loss_before_after
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--n_embd", "16",
+TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--d_model", "16",
         "--batch_size", "16", "--log_interval", "5", "--eval_samples", "50", "--eval_samples_during", "50"]
 
 
@@ -23,20 +24,8 @@ run_main = partial(exit_code, train.main)
 
 
 def test_a_few_steps_lower_the_loss():
-    torch.manual_seed(0)
-    task = tasks.make_task("bijection", V=6)
-    cfg = train.build_config("bijection", "transformer", "quick", dict(V=6, n_layer=1, n_embd=32, lr=3e-3))
-    _, _, model, opt, _ = train.build(cfg, torch.device("cpu"))
-    fixed = task.sample(256, torch.Generator().manual_seed(1))
-    before = task.loss(model(fixed.x), fixed).item()
-    g = torch.Generator().manual_seed(2)
-    for _ in range(60):
-        b = task.sample(64, g)
-        loss = task.loss(model(b.x), b)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert task.loss(model(fixed.x), fixed).item() < before - 0.1
+    before, after = loss_before_after("transformer", dict(n_layer=1, d_model=32, lr=3e-3), steps=60)
+    assert after < before - 0.1
 
 
 @pytest.mark.parametrize("name", ["hmm", "regression", "recall"])
@@ -44,7 +33,7 @@ def test_every_task_runs_and_writes_results(tmp_path, name):
     small = dict(hmm=["--K", "4", "--n_states", "3", "--n_obs", "3", "--eval_K", "6"], regression=["--K", "4", "--d", "2"],
                  recall=["--n_pairs", "4", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8", "--filler", "2"])
     argv = ["--task", name, "--max_iters", "4", "--eval_interval", "2", "--log_interval", "2", "--n_layer", "1",
-            "--n_embd", "16", "--n_head", "2", "--batch_size", "8", "--eval_samples", "20", "--eval_samples_during", "10",
+            "--d_model", "16", "--n_head", "2", "--batch_size", "8", "--eval_samples", "20", "--eval_samples_during", "10",
             "--out_dir", str(tmp_path)] + small[name]
     assert run_main(argv) == 0
     r = json.load(open(tmp_path / "results.json"))
@@ -126,7 +115,7 @@ def test_eval_only_and_log_spaced_checkpoints(tmp_path):
 
 
 def test_eval_only_beyond_the_trained_context_is_a_clear_error(tmp_path, capsys):
-    argv = ["--task", "hmm", "--K", "3", "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--max_iters", "2",
+    argv = ["--task", "hmm", "--K", "3", "--n_layer", "1", "--n_head", "2", "--d_model", "16", "--max_iters", "2",
             "--pos", "learned", "--n_pos", "0", "--eval_interval", "2", "--eval_K", "4", "--eval_samples", "10", "--eval_samples_during", "10",
             "--out_dir", str(tmp_path)]
     assert run_main(argv) == 0
@@ -209,7 +198,7 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--task", "recall", "--n_pairs", "100", "--key_vocab", "50"], "needs key_vocab and value_vocab >= n_pairs"),
     (["--task", "hmm", "--block_size", "80"], "exceed the model's context block_size=80"),
     (["--task", "bijection", "--eval_K", "30"], "--eval_K needs a task with a K option"),
-    (["--task", "bijection", "--n_embd", "30", "--n_head", "4"], "must split into n_head=4 heads"),
+    (["--task", "bijection", "--d_model", "30", "--n_head", "4"], "must split into n_head=4 heads"),
     (["--task", "bijection", "--pos", "sinusoidal"], "pos must be one of"),
     (["--task", "bijection", "--with_replacement", "maybe"], "expected true or false"),
     (["--task", "bijection", "--stop_at", "mae<=0.1"], "expected METRIC<=X or METRIC>=X"),

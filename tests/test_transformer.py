@@ -6,7 +6,7 @@ from transformer import Transformer, TransformerConfig
 
 
 def tiny(**kw):
-    c = dict(vocab_size=12, n_classes=5, answer_offset=7, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    c = dict(vocab_size=12, n_classes=5, answer_offset=7, block_size=16, n_layer=2, n_head=2, d_model=16)
     torch.manual_seed(0)
     return Transformer(TransformerConfig(**(c | kw))).double()
 
@@ -76,7 +76,7 @@ def test_bad_configs_and_too_long_sequences():
     with pytest.raises(ValueError, match="block_size"):
         tiny()(torch.randint(12, (1, 17)))
     with pytest.raises(ValueError, match="n_head"):
-        tiny(n_embd=15)
+        tiny(d_model=15)
     with pytest.raises(ValueError, match="pos must be one of"):
         tiny(pos="sinusoidal")
     tiny(pos="rotary")(torch.randint(12, (1, 40)))  # rotary has no fixed table
