@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from oracles import Metrics
 from presets import (CHOICES, IO_FIELDS, MODELS, PRESETS, TASKS, TRAIN, Parser, build_config, check_device,  # noqa: F401
-                     check_train, field_help, match_width, parse_args, parse_stop, resume_config)
+                     check_train, field_help, match_width, parse_args, parse_stop, resume_config, str2bool)
 from tasks import make_task
 
 VERDICTS = ("go on", "reached", "diverged")  # after an evaluation: --stop_at reached, not finite
@@ -454,6 +454,10 @@ def load_checkpoint(path):
         raise bad from None
     if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
         raise bad
+    for d in (state["model_config"], state["config"].get("model_opts", {})):  # checkpoints from before d_model
+        if "n_embd" in d:
+            d["d_model"] = d.pop("n_embd")
+        d.pop("init_std", None)
     return state
 
 
