@@ -298,7 +298,7 @@ def depth_width(args):
                                  eval_samples_during=min(100, args.eval_samples), **opts)
                     argv = [f"--{k}={v}" for k, v in flags.items()] + extra + ["--overwrite"]  # scratch runs
                     os.makedirs(out_dir, exist_ok=True)
-                    with open(os.path.join(out_dir, "train.log"), "w") as f, redirect_stdout(f), redirect_stderr(f), \
+                    with open(os.path.join(out_dir, "train.log"), "w", buffering=1) as f, redirect_stdout(f), redirect_stderr(f), \
                             warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # the zero-width MLP's "Initializing zero-element tensors"
                         if train.main(argv) != 0:
