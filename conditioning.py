@@ -577,11 +577,8 @@ def parse_args(argv):
 
 def save_figure(figure, result, path):
     """The experiment's figure from its json, if matplotlib is there; True if written."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # no figures; the json and summary.md still come out
+    plt = train.pyplot()
+    if plt is None:  # no figures; the json and summary.md still come out
         return False
     fig = figure(plt, result)
     for a in fig.axes:

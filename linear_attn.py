@@ -52,7 +52,7 @@ from einops import rearrange
 
 RULES = ("hebbian", "delta", "oja")
 MODES = ("recurrent", "chunked")
-# chunk lengths, from bench_memory.py --chunk_size 4 8 16 32 64 on one CPU thread (B=4, H=4, d=32; B=64 at T=128):
+# chunk lengths, from bench.py memory --chunk_size 4 8 16 32 64 on one CPU thread (B=4, H=4, d=32; B=64 at T=128):
 # hebbian: 16..64 within noise; delta: 32 fastest (the triangular solves grow as C^2); oja: its (C, C, d_v)
 # weights make long chunks expensive; 16 keeps memory moderate and the loop at T/16 steps for GPUs.
 DEFAULT_CHUNK = {"hebbian": 64, "delta": 32, "oja": 16}
@@ -244,7 +244,7 @@ FEATURE_MAPS = ("elu+1", "identity")
 NORMS = ("rmsnorm", "layernorm")
 POS = ("learned", "none")
 L2_CHOICES = ("auto", "l2", "none")
-# mode=auto: the faster form per (device, rule). CPU, bench_memory.py --threads 1 (B=4, H=4, d=32, forward +
+# mode=auto: the faster form per (device, rule). CPU, bench.py memory --threads 1 (B=4, H=4, d=32, forward +
 # backward, T = 256 / 1024 / 4096): chunked takes 0.16-0.27x the loop's time for hebbian and delta; oja's chunked
 # form moves (C, C, d_v) weights through memory and takes 1.05 / 1.6 / 1.5x (8x at B=64, T=128). Other devices:
 # chunked (a Python loop over T is bound by kernel launches there; not measured, no GPU was available).

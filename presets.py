@@ -73,6 +73,16 @@ PRESETS = {
                        lstm=dict(n_layer=6, d_model=192, dropout=0.1), mlp=dict(n_layer=9, d_model=261),
                        mlp_pos=dict(n_layer=9, d_model=373, per_position=True)),
     },
+    # a few steps at toy sizes, for tests; not a train.py preset: reproduce.py --preset tiny runs the quick cells
+    # with `train` and `task` as flags, and of `model` the sizes each model has, its width field at `width`
+    "tiny": {
+        task: dict(train=dict(max_iters=4, batch_size=8, log_interval=2, eval_interval=4, eval_samples=20,
+                              eval_samples_during=10, device="cpu"),
+                   task=opts, model=dict(n_layer=1, n_head=2, d_state=4, d_flat=4), width=16)
+        for task, opts in dict(bijection=dict(V=6), hmm=dict(K=4, n_states=3, n_obs=3, eval_K=[6]),
+                               regression=dict(K=4, d=2),
+                               recall=dict(n_pairs=4, n_queries=2, key_vocab=8, value_vocab=8, filler=2)).items()
+    },
 }
 
 

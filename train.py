@@ -166,7 +166,7 @@ def parse_args(argv):
     pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
     pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
     pre.add_argument("--model", choices=list(MODELS), help="(default transformer)")
-    pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
+    pre.add_argument("--preset", choices=[p for p in PRESETS if p != "tiny"], help="(default quick)")
     known, _ = pre.parse_known_args(argv)
     known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
     for k, v in dict(task="recall", model="transformer", preset="quick").items():
@@ -475,8 +475,8 @@ class CompiledOrEager:
     def __init__(self, net, compile, print=print):
         self.net, self.fn, self.print = net, net, print
         if compile:
-            # a fresh cache per run: in a sweep in one process (reproduce.py, time_to_target.py) the runs before
-            # would use up dynamo's recompile limit, and the later runs would run eager without a word
+            # a fresh cache per run: in a sweep in one process (reproduce.py, bench.py time_to_target) the runs
+            # before would use up dynamo's recompile limit, and the later runs would run eager without a word
             torch._dynamo.reset()
             try:
                 self.fn = torch.compile(net)
@@ -553,7 +553,18 @@ def summary(r):
 
 
 def fmt_time(s):
-    return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m" if s >= 3600 else f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no window), or None without matplotlib: figures are optional."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
 
 
 def is_oom(e):
