@@ -46,6 +46,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+import presets
 import train
 from linear_attn import RULES, LinearAttention, LinearAttentionConfig, memory
 from presets import count_params
@@ -537,7 +538,7 @@ CHOICES = dict(features=FEATURES, criterion=("threshold", "decode"), rule=RULES,
 
 
 def parse_args(argv):
-    p = train.Parser(prog="conditioning.py", description=__doc__.strip().split("\n\n")[0], allow_abbrev=False)
+    p = presets.Parser(prog="conditioning.py", description=__doc__.strip().split("\n\n")[0], allow_abbrev=False)
     commands = EXPERIMENTS + ("all", "summary")
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")
     for name in commands:
@@ -546,7 +547,7 @@ def parse_args(argv):
         for flag, (default, help, where) in FLAGS.items():
             if name == "all" or name in where or name == "summary" and flag == "results":
                 kw = dict(nargs="+", type=type(default[0])) if isinstance(default, list) else dict(type=type(default))
-                kw = dict(type=train.str2bool) if isinstance(default, bool) else kw
+                kw = dict(type=presets.str2bool) if isinstance(default, bool) else kw
                 sp.add_argument(f"--{flag}", default=default, choices=CHOICES.get(flag),
                                 help=f"{help} (default {default})", **kw)
     args = p.parse_args(argv)
@@ -578,11 +579,8 @@ def parse_args(argv):
 
 def save_figure(figure, result, path):
     """The experiment's figure from its json, if matplotlib is there; True if written."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # no figures; the json and summary.md still come out
+    plt = train.pyplot()
+    if plt is None:  # no figures; the json and summary.md still come out
         return False
     fig = figure(plt, result)
     for a in fig.axes:

@@ -62,7 +62,8 @@ from einops import rearrange
 
 from oracles import LOG2, Metrics, entropy_bits, gaussian_kl_bits, oracle
 from tasks import make_task
-from train import MODELS, Parser, cli, load_checkpoint, write_file, write_json
+from presets import MODELS, Parser
+from train import cli, load_checkpoint, pyplot, write_file, write_json
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
 ATTENTION = ("transformer",)  # models with softmax attention: queries, keys, attention maps
@@ -528,19 +529,6 @@ def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
     return [to_json(v) for v in x] if isinstance(x, list) else None if x != x else x
 
 
-def pyplot():
-    """matplotlib's pyplot, or None: the figures are optional, the JSON is not."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: writing the JSON only")
-        return None
-    plt.rcParams["figure.constrained_layout.use"] = True
-    return plt
-
-
 def main(argv=None):
     p = Parser(prog="geometry.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
     p.add_argument("diagnostic", choices=DIAGNOSTICS + ("all",), help="which diagnostic (all: every one that applies)")
@@ -566,6 +554,10 @@ def main(argv=None):
         if batch.x.is_floating_point():  # regression's real inputs, for the float64 model
             batch.x = batch.x.double()
         plt = None if args.no_plot else pyplot()
+        if plt is not None:
+            plt.rcParams["figure.constrained_layout.use"] = True
+        elif not args.no_plot:  # the figures are optional, the JSON is not
+            print("matplotlib is not installed: writing the JSON only")
         stem = os.path.splitext(os.path.basename(path))[0]
         for n in names:
             with torch.no_grad():

@@ -15,8 +15,8 @@ where it stopped. With one job (the default without GPUs, or with one) the cells
 after another in this process; with several (default: one per visible GPU) each runs as a
 subprocess that sees one GPU (CUDA_VISIBLE_DEVICES). Model sizes come from train.py's PRESETS
 (the quick preset's LSTM and MLP are matched to within 1% of its transformer's parameters;
-in the paper preset the MLP is matched, the LSTM is the authors' unmatched one). `tiny` is a
-preset of a few steps at toy sizes, for tests.
+in the paper preset the MLP is matched, the LSTM is the authors' unmatched one). `tiny` runs
+the quick cells for a few steps at toy sizes, for tests.
 
 The MLP has two rows, since the paper does not say how its MLP saw the context: `mlp` sees the
 flattened causal prefix, `mlp_pos` (train.py `--model mlp --per_position`, with its own
@@ -39,6 +39,7 @@ import traceback
 
 import torch
 
+import presets
 import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,36 +60,28 @@ an unresolved discrepancy); the authors' HMM scripts score per token; the transf
 Recall: accuracy; the LSTM's 0.5% is chance. Regression is not in the paper. The paper's MLP figures stand beside
 both MLP rows: which of the two readings it ran is not stated."""
 
-# the tiny preset: a few steps at toy sizes (tests); model sizes go to the fields each model has
-TINY_TRAIN = ["--max_iters", "4", "--batch_size", "8", "--log_interval", "2", "--eval_interval", "4",
-              "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cpu"]
-TINY_TASK = {
-    "bijection": ["--V", "6"],
-    "hmm": ["--K", "4", "--n_states", "3", "--n_obs", "3", "--eval_K", "6"],
-    "regression": ["--K", "4", "--d", "2"],
-    "recall": ["--n_pairs", "4", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8", "--filler", "2"],
-}
-TINY_MODEL = dict(n_layer=1, n_head=2, d_state=4, d_flat=4)
-TINY_WIDTH = 16
-
-
 def row_models():
     """The table's rows that can run: train.py's models, and the variants of them."""
-    return [m for m in MODEL_ORDER if VARIANTS.get(m, m) in train.MODELS] + \
-           [m for m in train.MODELS if m not in MODEL_ORDER]
+    return [m for m in MODEL_ORDER if VARIANTS.get(m, m) in presets.MODELS] + \
+           [m for m in presets.MODELS if m not in MODEL_ORDER]
 
 
 def cell_argv(task, model, preset, out_dir, extra):
     """The train.py command line of one cell."""
     base, opts = VARIANTS.get(model, model), {}
     if model in VARIANTS:  # e.g. mlp_pos: the mlp with its own options and widths
-        opts = train.PRESETS["quick" if preset == "tiny" else preset][task][model]
+        opts = presets.PRESETS["quick" if preset == "tiny" else preset][task][model]
     argv = ["--task", task, "--model", base, "--preset", "quick" if preset == "tiny" else preset]
-    if preset == "tiny":
-        names = {f.name for f in fields(train.MODELS[base][0])}
-        opts = opts | {k: v for k, v in TINY_MODEL.items() if k in names} | {"d_model": TINY_WIDTH}
-        argv += TINY_TRAIN + TINY_TASK.get(task, [])
-    return argv + [a for k, v in opts.items() for a in (f"--{k}", str(v))] + ["--out_dir", out_dir] + extra
+    if preset == "tiny":  # the quick cell, shrunk (presets.py)
+        tiny, names = presets.PRESETS["tiny"][task], {f.name for f in fields(presets.MODELS[base][0])}
+        opts = opts | {k: v for k, v in tiny["model"].items() if k in names}
+        argv += flags(tiny["train"] | tiny["task"])
+    return argv + flags(opts) + ["--out_dir", out_dir] + extra
+
+
+def flags(opts):
+    """{"K": 4, "eval_K": [6]} -> ["--K", "4", "--eval_K", "6"]"""
+    return [a for k, v in opts.items() for a in (f"--{k}", *map(str, v if isinstance(v, list) else [v]))]
 
 
 def load_results(out_dir):
@@ -101,7 +94,7 @@ def load_results(out_dir):
 
 def run_in_process(argv, log):
     """One cell in this process, its output to log; returns the exit code."""
-    with open(log, "a", buffering=1) as f, redirect_stdout(f), redirect_stderr(f):
+    with open(log, "a") as f, redirect_stdout(f), redirect_stderr(f):
         try:
             return train.main(argv)
         except SystemExit as e:
@@ -155,21 +148,14 @@ def fmt(x):
     return f"{x:.4f}"
 
 
-def fmt_time(s):
-    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m" if s >= 3600 else f"{int(s // 60)}m{int(s % 60):02d}s"
-
-
 def fmt_acc(m):
     return f"{100 * m['accuracy']:.2f}% ({100 * m['oracle_accuracy']:.2f}%)" if "accuracy" in m else "—"
 
 
 def figure(task, rows, path):
     """Per-position model entropy of every model against the oracle's; False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = train.pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
     oracle = None
@@ -215,7 +201,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
             other = ", ".join(f"{k}: {fmt(v['mae_token'])}" for k, v in r["metrics"].items() if k != "default")
             lines.append(f"| {model} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
                          f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {r['iters']} "
-                         f"| {fmt_time(r['wall_time_s'])} | {r['device']} |")
+                         f"| {train.fmt_time(r['wall_time_s'])} | {r['device']} |")
         slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
                  if "accuracy_by_slot" in r["metrics"]["default"]]
         if slots:  # recall: is a miss a pair stored early (forgotten) or any pair (never bound)?
@@ -237,9 +223,9 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
 def parse_args(argv):
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    presets = [*train.PRESETS, "tiny"]
-    p = train.Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
-    p.add_argument("--preset", default="quick", help=f"{' | '.join(presets)} (default quick)")
+    names = list(presets.PRESETS)
+    p = presets.Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
+    p.add_argument("--preset", default="quick", help=f"{' | '.join(names)} (default quick)")
     p.add_argument("--tasks", default=None, help=f"comma-separated tasks (default {','.join(TASK_ORDER)})")
     p.add_argument("--models", default=None, help="comma-separated models (default: those of "
                                                   f"{', '.join(MODEL_ORDER)} that train.py has; "
@@ -250,10 +236,9 @@ def parse_args(argv):
     p.add_argument("--jobs", type=int, default=0, help="cells at a time (default: one per visible GPU, else 1)")
     p.add_argument("--table_only", action="store_true", help="only rebuild the table from finished cells")
     args = p.parse_args(argv)
-    if args.preset not in presets:
-        p.error(f"unknown preset {args.preset!r}; valid presets: {', '.join(presets)}")
-    base = train.PRESETS["quick" if args.preset == "tiny" else args.preset]
-    valid_tasks = [t for t in train.TASKS if t in base]  # a cell needs the task's preset entry
+    if args.preset not in names:
+        p.error(f"unknown preset {args.preset!r}; valid presets: {', '.join(names)}")
+    valid_tasks = [t for t in presets.TASKS if t in presets.PRESETS[args.preset]]  # a cell needs the task's preset entry
     args.tasks = args.tasks or ",".join(t for t in TASK_ORDER if t in valid_tasks)
     args.models = args.models or ",".join(m for m in MODEL_ORDER if m in row_models())
     for kind, given, valid in (("task", args.tasks, valid_tasks), ("model", args.models, row_models())):
@@ -281,7 +266,7 @@ def main(argv=None):
     for task, model in cells:
         out_dir = os.path.join(out_root, f"{task}_{model}")
         argv = cell_argv(task, model, args.preset, out_dir, extra)
-        train.parse_args(argv)  # a bad flag in `extra` stops here, before anything runs (one-line error, exit 2)
+        presets.parse_args(argv)  # a bad flag in `extra` stops here, before anything runs (one-line error, exit 2)
         if load_results(out_dir) is not None:
             status[(task, model)] = "finished before"
         elif not args.table_only:
@@ -305,7 +290,7 @@ def main(argv=None):
         if rc == 0 and r is not None:
             status[(task, model)] = "finished"
             m = r["metrics"]["default"]
-            print(f"[{i}/{len(todo)}] {task} x {model}: done in {fmt_time(secs)} | {train.summary(m)}")
+            print(f"[{i}/{len(todo)}] {task} x {model}: done in {train.fmt_time(secs)} | {train.summary(m)}")
         else:
             status[(task, model)] = f"failed (exit {rc}), see train.log"
             print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}); see {os.path.join(out_dir, 'train.log')}")

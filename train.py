@@ -40,8 +40,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from oracles import Metrics
-from presets import (CHOICES, IO_FIELDS, MODELS, PRESETS, TASKS, TRAIN, Parser, build_config, check_device,  # noqa: F401
-                     check_train, field_help, match_width, parse_args, parse_stop, resume_config, str2bool)
+from presets import IO_FIELDS, MODELS, build_config, check_train, match_width, parse_args, parse_stop, resume_config
 from tasks import make_task
 
 VERDICTS = ("go on", "reached", "diverged")  # after an evaluation: --stop_at reached, not finite
@@ -528,7 +527,18 @@ def code_version():
 
 
 def fmt_time(s):
-    return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m" if s >= 3600 else f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no window), or None without matplotlib: figures are optional."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
 
 
 # -----------------------------------------------------------------------------

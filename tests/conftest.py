@@ -10,9 +10,10 @@ def loss_before_after(model, opts, steps):
     after `steps` steps of train.py's `model` and optimizer, built with `opts` over the quick preset."""
     import torch
     import tasks
+    import presets
     import train
     task = tasks.make_task("bijection", V=6)
-    cfg = train.build_config("bijection", model, "quick", dict(V=6) | opts)
+    cfg = presets.build_config("bijection", model, "quick", dict(V=6) | opts)
     torch.manual_seed(0)
     _, _, net, opt, _ = train.build(cfg, torch.device("cpu"))
     fixed = task.sample(256, torch.Generator().manual_seed(1))

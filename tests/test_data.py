@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import tasks
+import presets
 import train
 from oracles import hmm_filter
 
@@ -155,7 +156,7 @@ def test_memory_can_skip_the_checks_that_read_values_back():
 
 
 def test_batches_are_drawn_on_the_cpu_unless_training_on_a_gpu():
-    cfg = train.build_config("hmm", "transformer", "quick", {})
+    cfg = presets.build_config("hmm", "transformer", "quick", {})
     gen, chunk = train.data_source(cfg["train"], torch.device("cpu"))
     assert gen.device.type == "cpu" and chunk == 1
     gen, chunk = train.data_source(cfg["train"] | dict(data_device="device", data_chunk=3), torch.device("cpu"))
@@ -187,7 +188,7 @@ SMALL_MODELS = {"transformer": dict(n_layer=1, n_head=2, d_model=16), "mamba": d
 @pytest.mark.parametrize("name, model", [(t, "transformer") for t in SMALL]
                          + [("hmm", m) for m in SMALL_MODELS if m != "transformer"])
 def test_a_training_step_on_the_gpu_never_waits_for_it(name, model):
-    cfg = train.build_config(name, model.split()[0], "quick", SMALL[name] | SMALL_MODELS[model])
+    cfg = presets.build_config(name, model.split()[0], "quick", SMALL[name] | SMALL_MODELS[model])
     dev = torch.device("cuda")
     task, _, model, opt, _ = train.build(cfg, dev)
     gen, _ = train.data_source(cfg["train"], dev)

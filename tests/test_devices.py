@@ -11,8 +11,6 @@ from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
 import bench
-import bench_memory
-import bench_scan
 import reproduce
 import train
 from cli import exit_code
@@ -224,16 +222,16 @@ def test_bench_memory_times_the_rules_without_the_value_checks(monkeypatch):
         seen.append(kw.get("check_values", True))
         return real(*a, **kw)
 
-    real = bench_memory.memory
-    monkeypatch.setattr(bench_memory, "memory", memory)
-    args = bench_memory.argparse.Namespace(threads=1, device="cpu", dtype="float32", seed=0, B=1, H=1, d_k=4, d_v=4,
-                                           decay=1.0, warmup=0, reps=1)
-    bench_memory.measure("oja", "chunked", None, 8, args)
+    real = bench.memory
+    monkeypatch.setattr(bench, "memory", memory)
+    args = bench.argparse.Namespace(threads=1, device="cpu", dtype="float32", seed=0, B=1, H=1, d_k=4, d_v=4,
+                                    decay=1.0, warmup=0, reps=1)
+    bench.measure_memory("oja", "chunked", None, 8, args)
     assert seen and not any(seen)  # the model calls memory with check_values=False
 
 
 def test_bench_scan_warms_up_the_backward_before_measuring(monkeypatch):
-    events, real_scan, real_time = [], bench_scan.selective_scan, bench_scan.time_and_peak
+    events, real_scan, real_time = [], bench.selective_scan, bench.time_and_peak
 
     def scan(*a, **kw):
         y = real_scan(*a, **kw)
@@ -245,8 +243,8 @@ def test_bench_scan_warms_up_the_backward_before_measuring(monkeypatch):
         events.append("measure")
         return real_time(*a, **kw)
 
-    monkeypatch.setattr(bench_scan, "selective_scan", scan)
-    monkeypatch.setattr(bench_scan, "time_and_peak", time_and_peak)
-    args = bench_scan.argparse.Namespace(threads=1, device="cpu", seed=0, B=1, D=4, N=2, warmup=0, reps=1)
-    bench_scan.measure("chunked", 16, args)
+    monkeypatch.setattr(bench, "selective_scan", scan)
+    monkeypatch.setattr(bench, "time_and_peak", time_and_peak)
+    args = bench.argparse.Namespace(threads=1, device="cpu", seed=0, B=1, D=4, N=2, warmup=0, reps=1)
+    bench.measure_scan("chunked", 16, args)
     assert events.index("backward") < events.index("measure")  # cuBLAS's workspace is made before the baseline

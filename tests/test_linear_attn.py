@@ -234,9 +234,10 @@ def test_too_long_for_the_position_table():
 
 @pytest.mark.parametrize("rule", RULES)
 def test_trains_through_train_py(tmp_path, rule):
+    import presets
     import train
-    assert train.MODELS["linear_attn"] == (LinearAttentionConfig, LinearAttention)
-    helps = train.field_help(LinearAttentionConfig)
+    assert presets.MODELS["linear_attn"] == (LinearAttentionConfig, LinearAttention)
+    helps = presets.field_help(LinearAttentionConfig)
     assert all(helps.get(f) for f in LinearAttentionConfig.__dataclass_fields__), "every field needs a # help comment"
     rc = train.main(["--task", "bijection", "--model", "linear_attn", "--rule", rule, "--V", "6", "--d_model", "16",
                      "--n_head", "2", "--n_layer", "1", "--learn_beta", "--max_iters", "4", "--log_interval", "2",
@@ -254,9 +255,10 @@ def test_a_few_steps_lower_the_loss(rule):
 
 
 def test_hop_trains_through_train_py(tmp_path, monkeypatch):
+    import presets
     import train
-    if "hop" not in train.PRESETS["quick"]:  # train.py has no preset for hop yet
-        monkeypatch.setitem(train.PRESETS["quick"], "hop", {})
+    if "hop" not in presets.PRESETS["quick"]:  # train.py has no preset for hop yet
+        monkeypatch.setitem(presets.PRESETS["quick"], "hop", {})
     rc = train.main(["--task", "hop", "--model", "linear_attn", "--rule", "delta", "--n_facts", "4", "--depth", "2",
                      "--n_entities", "8", "--d_model", "16", "--n_head", "2", "--n_layer", "2", "--use_mlp", "false",
                      "--max_iters", "3", "--log_interval", "3", "--eval_interval", "3", "--eval_samples", "20",

@@ -284,9 +284,10 @@ def test_bad_configs_raise():
 
 
 def test_trains_through_train_py(tmp_path, monkeypatch):
+    import presets
     import train
-    monkeypatch.setitem(train.MODELS, "mamba", (MambaConfig, Mamba))
-    helps = train.field_help(MambaConfig)
+    monkeypatch.setitem(presets.MODELS, "mamba", (MambaConfig, Mamba))
+    helps = presets.field_help(MambaConfig)
     assert all(helps.get(f) for f in MambaConfig.__dataclass_fields__), "every config field needs a # help comment"
     rc = train.main(["--task", "bijection", "--model", "mamba", "--V", "6", "--L", "5", "--d_model", "16", "--n_layer", "1",
                      "--max_iters", "3", "--log_interval", "3", "--eval_interval", "3", "--eval_samples", "20",

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import reproduce
+import presets
 import train
 from cli import exit_code
 
@@ -65,7 +66,7 @@ def test_the_per_position_mlp_is_its_own_row_beside_the_mlp(tmp_path):
 
 
 def n_params(task, model, preset, opts):
-    cfg = train.build_config(task, model, preset, opts)
+    cfg = presets.build_config(task, model, preset, opts)
     with torch.device("meta"):  # shapes only
         return train.build(cfg, torch.device("meta"))[2].num_params()
 
@@ -75,7 +76,7 @@ def test_the_per_position_mlp_is_capacity_matched(preset):
     for task in reproduce.TASK_ORDER:
         argv = reproduce.cell_argv(task, "mlp_pos", preset, "x", [])
         assert argv[argv.index("--model") + 1] == "mlp" and argv[argv.index("--per_position") + 1] == "True"
-        opts = train.PRESETS[preset][task]["mlp_pos"]
+        opts = presets.PRESETS[preset][task]["mlp_pos"]
         assert abs(n_params(task, "mlp", preset, opts) / n_params(task, "transformer", preset, {}) - 1) < 0.01
 
 

@@ -1,4 +1,4 @@
-"""The speed paths run on CPU: data-parallel training (gloo), torch.compile, bf16 autocast, bench.py."""
+"""The speed paths run on CPU: data-parallel training (gloo), torch.compile, bf16 autocast, bench.py's subcommands."""
 import json
 import os
 import re
@@ -78,8 +78,8 @@ def test_bf16_autocast_trains_close_to_float32(tmp_path):
 def test_bench_counts_the_flops_of_every_model(tmp_path):
     import bench
     rows = tmp_path / "bench.json"
-    assert bench.main(["--task", "bijection", "--sizes", "quick", "--batch_size", "8", "--reps", "1", "--warmup", "0",
-                       "--threads", "1", "--peak_n", "128", "--json", str(rows)]) == 0
+    assert bench.main(["train", "--task", "bijection", "--sizes", "quick", "--batch_size", "8", "--reps", "1",
+                       "--warmup", "0", "--threads", "1", "--peak_n", "128", "--json", str(rows)]) == 0
     rows = json.load(open(rows))
     assert [r["model"] for r in rows] == ["transformer", "mamba", "lstm", "mlp", "linear_attn"]
     for r in rows:
@@ -96,17 +96,17 @@ def test_bench_rejects_unknown_models_and_sizes(capsys):
     for argv, msg in ((["--models", "gpt"], "unknown model 'gpt'; valid models: transformer"),
                       (["--sizes", "huge"], "unknown size 'huge'; valid sizes: quick, paper")):
         with pytest.raises(SystemExit) as e:
-            bench.main(argv)
+            bench.main(["train", *argv])
         assert e.value.code == 2 and msg in capsys.readouterr().err
 
 
 def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path):
-    import time_to_target
+    import bench
     out, res = tmp_path / "out", tmp_path / "res"
     tiny = ["--max_iters", "4", "--batch_size", "8", "--n_layer", "1", "--n_head", "2", "--d_model", "16",
             "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cpu"]
-    assert time_to_target.main(["--tasks", "bijection", "--eval_interval", "2", "--out", str(out), "--results", str(res),
-                                "--", *tiny, "--V", "6"]) == 0
+    assert bench.main(["time_to_target", "--tasks", "bijection", "--eval_interval", "2", "--out", str(out),
+                       "--results", str(res), "--", *tiny, "--V", "6"]) == 0
     [row] = json.load(open(res / "time_to_target_fast.json"))
     assert not row["reached"] and row["run_steps"] == 4 and row["eval_interval"] == 2  # 0.01 bits is out of reach
     runs = tmp_path / "runs"  # a finished run whose history meets the target at its second evaluation
@@ -114,18 +114,18 @@ def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path
     history = [dict(iter=2, time=1.0, mae_curve=0.3), dict(iter=4, time=2.0, mae_curve=0.008)]
     json.dump(dict(history=history, iters=4, wall_time_s=3.0, device="cpu", config=dict(train=dict(eval_interval=2))),
               open(runs / "bijection_transformer" / "results.json", "w"))
-    assert time_to_target.main(["--tasks", "bijection", "--from_runs", str(runs), "--results", str(res)]) == 0
+    assert bench.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs), "--results", str(res)]) == 0
     [row] = json.load(open(res / "time_to_target_from_runs.json"))
     assert row["reached"] and row["steps"] == 4 and row["time_s"] == 2.0 and row["value"] == 0.008
 
 
 def test_time_to_target_rejects_unknown_tasks_and_missing_runs(tmp_path, capsys):
-    import time_to_target
+    import bench
     for argv, msg in ((["--tasks", "hop"], "unknown task 'hop'; valid tasks: bijection"),
                       (["--preset", "paper"], "the fast recipe changes the quick preset"),
                       (["--from_runs", str(tmp_path)], "no finished run at")):
         with pytest.raises(SystemExit) as e:
-            time_to_target.main(argv)
+            bench.main(["time_to_target", *argv])
         assert e.value.code == 2 and msg in capsys.readouterr().err
 
 
@@ -138,15 +138,16 @@ def test_time_to_target_rejects_unknown_tasks_and_missing_runs(tmp_path, capsys)
 def test_bench_bad_input_is_a_one_line_error_before_measuring(capsys, argv, expect):
     import bench
     with pytest.raises(SystemExit) as e:
-        bench.main(["--task", "bijection", "--models", "mlp", "--sizes", "quick"] + argv)
+        bench.main(["train", "--task", "bijection", "--models", "mlp", "--sizes", "quick"] + argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1 and expect in err, err
 
 
 @pytest.mark.parametrize("cmd", [
-    ["bench.py", "--task", "bijection", "--models", "mlp", "--sizes", "quick", "--batch_size", str(10 ** 12)],  # OOM
-    ["bench_scan.py", "--L", "8", "--modes", "sequential", "--B", "0"],
-    ["bench_memory.py", "--rules", "hebbian", "--T", "8", "--B", "0"],
+    ["bench.py", "train", "--task", "bijection", "--models", "mlp", "--sizes", "quick",
+     "--batch_size", str(10 ** 12)],  # OOM
+    ["bench.py", "scan", "--L", "8", "--modes", "sequential", "--B", "0"],
+    ["bench.py", "memory", "--rules", "hebbian", "--T", "8", "--B", "0"],
 ])
 def test_benches_exit_2_when_every_row_failed(cmd):
     p = subprocess.run([sys.executable, *cmd, "--threads", "1", "--reps", "1"], cwd=ROOT, capture_output=True,
@@ -156,17 +157,17 @@ def test_benches_exit_2_when_every_row_failed(cmd):
 
 
 def test_time_to_target_writes_under_out_unless_told_and_checks_results_first(tmp_path, monkeypatch, capsys):
-    import time_to_target
+    import bench
     runs = tmp_path / "runs"
     os.makedirs(runs / "bijection_transformer")
     history = [dict(iter=2, time=1.0, mae_curve=0.3)]
     json.dump(dict(history=history, iters=2, wall_time_s=1.0, device="cpu", config=dict(train=dict(eval_interval=2))),
               open(runs / "bijection_transformer" / "results.json", "w"))
     monkeypatch.chdir(tmp_path)
-    assert time_to_target.main(["--tasks", "bijection", "--from_runs", str(runs)]) == 0
+    assert bench.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs)]) == 0
     assert (tmp_path / "out" / "time_to_target" / "time_to_target_from_runs.json").exists()
     assert not (tmp_path / "results").exists()
     (tmp_path / "f").write_text("x")
     with pytest.raises(SystemExit) as e:
-        time_to_target.main(["--tasks", "bijection", "--results", "f/r"])
+        bench.main(["time_to_target", "--tasks", "bijection", "--results", "f/r"])
     assert e.value.code == 2 and "--results f/r: cannot write there" in capsys.readouterr().err

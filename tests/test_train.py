@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tasks
+import presets
 import train
 from cli import exit_code
 from conftest import loss_before_after
@@ -79,7 +80,7 @@ def test_muon_runs_save_and_resume_identically(tmp_path):
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
-    cfg = train.build_config("hmm", "transformer", "quick", dict(optimizer="muon", n_layer=1))
+    cfg = presets.build_config("hmm", "transformer", "quick", dict(optimizer="muon", n_layer=1))
     _, _, model, opt, _ = train.build(cfg, torch.device("cpu"))
     adamw, muon = opt.opts
     names = {id(p): n for n, p in model.named_parameters()}
