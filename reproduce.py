@@ -94,7 +94,7 @@ def load_results(out_dir):
 
 def run_in_process(argv, log):
     """One cell in this process, its output to log; returns the exit code."""
-    with open(log, "a") as f, redirect_stdout(f), redirect_stderr(f):
+    with open(log, "a", buffering=1) as f, redirect_stdout(f), redirect_stderr(f):
         try:
             return train.main(argv)
         except SystemExit as e:
