@@ -88,7 +88,7 @@ PRESETS = {
         # ALiBi giving the order of the observations, so K = 30 and 50 meet no untrained position
         "hmm": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_K=[30, 50]),
                     transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=54,
-                                     train=dict(optimizer="muon", max_iters=2000)),
+                                     train=dict(optimizer="muon")),
                     mamba=dict(n_layer=3, d_model=64), lstm=dict(n_layer=2, d_model=166, pos="none"),
                     mlp=dict(n_layer=6, d_model=113), mlp_pos=dict(n_layer=6, d_model=185, per_position=True)),
         "regression": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000),
