@@ -39,8 +39,6 @@ from tasks import make_task
 import presets
 import train
 
-TRAIN_PRESETS = [p for p in presets.PRESETS if p != "tiny"]  # the presets train.py runs (tiny is reproduce.py's)
-
 # -----------------------------------------------------------------------------
 # shared: timing, and one measurement in a fresh process
 
@@ -267,7 +265,7 @@ def bench_train(argv):
     p.add_argument("--one", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)  # internal: one row
     args = p.parse_args(argv)
     models, sizes = args.models.split(","), args.sizes.split(",")
-    for kind, given, valid in (("model", models, presets.MODELS), ("size", sizes, TRAIN_PRESETS)):
+    for kind, given, valid in (("model", models, presets.MODELS), ("size", sizes, list(presets.PRESETS))):
         bad = [x for x in given if x not in valid]
         if bad:
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
@@ -514,7 +512,7 @@ def time_to_target(argv):
     argv = argv[:argv.index("--")] if "--" in argv else argv
     p = parser("time_to_target", time_to_target)
     p.add_argument("--tasks", default=",".join(TARGETS), help=f"comma-separated (default {','.join(TARGETS)})")
-    p.add_argument("--preset", default="quick", choices=TRAIN_PRESETS, help="model sizes and schedules (default quick)")
+    p.add_argument("--preset", default="quick", choices=list(presets.PRESETS), help="model sizes and schedules (default quick)")
     p.add_argument("--recipe", default="fast", choices=("fast", "preset"),
                    help="fast: the preset with the FAST schedule changes | preset: the preset as it is (default fast)")
     p.add_argument("--eval_interval", type=int, default=100, help="steps between held-out checks (default 100)")

@@ -134,16 +134,18 @@ PRESETS = {
                        lstm=dict(n_layer=6, d_model=192, dropout=0.1), mlp=dict(n_layer=9, d_model=261),
                        mlp_pos=dict(n_layer=9, d_model=373, per_position=True)),
     },
-    # a few steps at toy sizes, for tests; not a train.py preset: reproduce.py --preset tiny runs the quick cells
-    # with `train` and `task` as flags, and of `model` the sizes each model has
-    "tiny": {
-        task: dict(train=dict(max_iters=4, batch_size=8, log_interval=2, eval_interval=4, eval_samples=20,
-                              eval_samples_during=10, device="cpu"),
-                   task=opts, model=dict(n_layer=1, n_head=2, d_state=4, d_flat=4, d_model=16))
-        for task, opts in dict(bijection=dict(V=6), hmm=dict(K=4, n_states=3, n_obs=3, eval_K=[6]),
-                               regression=dict(K=4, d=2),
-                               recall=dict(n_pairs=4, n_queries=2, key_vocab=8, value_vocab=8, filler=2)).items()
-    },
+}
+
+
+# reproduce.py --preset tiny: its quick cells for a few steps at toy sizes (tests). Per task: `train` and `task`
+# settings as flags, and of `model` the sizes each model has. Not a train.py preset.
+TINY = {
+    task: dict(train=dict(max_iters=4, batch_size=8, log_interval=2, eval_interval=4, eval_samples=20,
+                          eval_samples_during=10, device="cpu"),
+               task=opts, model=dict(n_layer=1, n_head=2, d_state=4, d_flat=4, d_model=16))
+    for task, opts in dict(bijection=dict(V=6), hmm=dict(K=4, n_states=3, n_obs=3, eval_K=[6]),
+                           regression=dict(K=4, d=2),
+                           recall=dict(n_pairs=4, n_queries=2, key_vocab=8, value_vocab=8, filler=2)).items()
 }
 
 
@@ -210,7 +212,7 @@ def parse_args(argv):
     pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
     pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
     pre.add_argument("--model", choices=list(MODELS), help="(default transformer)")
-    pre.add_argument("--preset", choices=[p for p in PRESETS if p != "tiny"], help="(default quick)")
+    pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
     known, _ = pre.parse_known_args(argv)
     known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
     for k, v in dict(task="recall", model="transformer", preset="quick").items():

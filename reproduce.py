@@ -73,7 +73,7 @@ def cell_argv(task, model, preset, out_dir, extra):
         opts = presets.PRESETS["quick" if preset == "tiny" else preset][task][model]
     argv = ["--task", task, "--model", base, "--preset", "quick" if preset == "tiny" else preset]
     if preset == "tiny":  # the quick cell, shrunk (presets.py)
-        tiny, names = presets.PRESETS["tiny"][task], {f.name for f in fields(presets.MODELS[base][0])}
+        tiny, names = presets.TINY[task], {f.name for f in fields(presets.MODELS[base][0])}
         opts = opts | {k: v for k, v in tiny["model"].items() if k in names}
         argv += flags(tiny["train"] | tiny["task"])
     return argv + flags(opts) + ["--out_dir", out_dir] + extra
@@ -223,7 +223,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
 def parse_args(argv):
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    names = list(presets.PRESETS)
+    names = [*presets.PRESETS, "tiny"]
     p = presets.Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
     p.add_argument("--preset", default="quick", help=f"{' | '.join(names)} (default quick)")
     p.add_argument("--tasks", default=None, help=f"comma-separated tasks (default {','.join(TASK_ORDER)})")
@@ -238,7 +238,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     if args.preset not in names:
         p.error(f"unknown preset {args.preset!r}; valid presets: {', '.join(names)}")
-    valid_tasks = [t for t in presets.TASKS if t in presets.PRESETS[args.preset]]  # a cell needs the task's preset entry
+    base = presets.PRESETS["quick" if args.preset == "tiny" else args.preset]
+    valid_tasks = [t for t in presets.TASKS if t in base]  # a cell needs the task's preset entry
     args.tasks = args.tasks or ",".join(t for t in TASK_ORDER if t in valid_tasks)
     args.models = args.models or ",".join(m for m in MODEL_ORDER if m in row_models())
     for kind, given, valid in (("task", args.tasks, valid_tasks), ("model", args.models, row_models())):

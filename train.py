@@ -239,8 +239,8 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
             print(f"reached {train['stop_at']} at step {it}: stopping")
             break
     if master:
-        final_eval(cfg, task, eval_tasks, eval_fwd, device, ctx, it, history, elapsed + time.time() - t_start,
-                   model_config, model.num_params(), eval_only, print)
+        final_eval(cfg, eval_tasks, eval_fwd, device, ctx, it, history, elapsed + time.time() - t_start,
+                   model_config, eval_only, print)
     return 0
 
 
@@ -273,14 +273,15 @@ def resume(state, model, opt, batches, device, train, print):
     return state["iter"], state["elapsed"], state["history"]
 
 
-def final_eval(cfg, task, eval_tasks, model, device, ctx, it, history, wall, model_config, n_params, eval_only, print):
+def final_eval(cfg, eval_tasks, model, device, ctx, it, history, wall, model_config, eval_only, print):
+    """The held-out metrics at every evaluated length, into results.json (eval.json for --eval_only)."""
     train, metrics = cfg["train"], {}
     for name, t in eval_tasks.items():
         metrics[name] = evaluate(model, t, train["eval_samples"], train["eval_seed"], device, ctx)
         print(f"final {name} ({train['eval_samples']} held-out sequences): {summary(metrics[name])}")
     results = dict(task=cfg["task"], model=cfg["model"], preset=cfg["preset"], config=cfg, model_config=model_config,
-                   task_options=task.options(), n_params=n_params, iters=it, metrics=metrics, history=history,
-                   wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
+                   task_options=eval_tasks["default"].options(), n_params=model.num_params(), iters=it,
+                   metrics=metrics, history=history, wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
                    torch_version=torch.__version__)
     path = os.path.join(train["out_dir"], "eval.json" if eval_only else "results.json")
     write_json(path, results)
