@@ -8,7 +8,8 @@ tunnels, with a pure-PyTorch selective scan.
   pre-norm residual blocks, a final norm and the head;
 - the official init: A = -(1..N) per channel (S4D-real, kept as A_log), Δ log-uniform in [1e-3, 1e-1]
   through dt_proj's bias, D = 1; no clamps (the authors' wind-tunnel Mamba clamps Δ, ΔA, ΔBx and h and
-  adds a LayerNorm on y; this is the paper's model).
+  adds a LayerNorm on y; this is the paper's model). `y_norm` adds the authors' LayerNorm on y, before the
+  skip D·x and the gate; off by default (the official block), on in the quick hmm preset.
 
 Glossary (mamba-minimal's names, the paper's in brackets): b, l batch and length [B, L]; d_model [D];
 d_in = expand * d_model, the SSM's channels [ED]; n = d_state, state size per channel [N]; dt_rank [R];
@@ -309,6 +310,8 @@ class MambaConfig:
     expand: int = 2  # d_inner = expand * d_model channels in the SSM
     dt_rank: int = 0  # rank R of the delta projection; 0 = ceil(d_model / 16)
     pos: str = "none"  # position encoding: none (the recurrence knows the order) | learned
+    n_pos: int = 0  # learned rows: positions >= n_pos share the last row (0 = block_size, every position its own)
+    y_norm: bool = False  # LayerNorm on the SSM output y before the gate, as the authors' wind-tunnel Mamba
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "rmsnorm"  # rmsnorm (official Mamba) | layernorm
     scan: str = "auto"  # selective scan: auto (per device) | sequential | compiled | chunked
@@ -347,6 +350,9 @@ class MambaMixer(nn.Module):
         # S4D-real: A = -(1, 2, ..., N) in every channel, kept as log(-A) so A stays negative while training
         self.A_log = nn.Parameter(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).repeat(d_in, 1))
         self.D = nn.Parameter(torch.ones(d_in))
+        # the authors' variant normalises y = C h per token (before + D x and the gate); the official block does
+        # not, so it is an option: the scan without D and the gate, the norm, then the skip and the gate
+        self.y_norm = nn.LayerNorm(d_in) if c.y_norm else None
         self.A_log._no_weight_decay = self.D._no_weight_decay = True  # train.py exempts these from decay
 
     def forward(self, x, record=None):
@@ -358,8 +364,14 @@ class MambaMixer(nn.Module):
         # the official kernel does), so that under bf16 autocast Δ is not rounded before the exponential
         delta = rearrange(dt @ self.dt_proj.weight.T, "b l d -> b d l")
         A = -torch.exp(self.A_log)  # (d_in, N), parameters stay float32 under autocast
-        y = selective_scan(x, delta, A, rearrange(B, "b l n -> b n l"), rearrange(C, "b l n -> b n l"), self.D,
-                           z, delta_bias=self.dt_proj.bias, delta_softplus=True, mode=self.scan)
+        B_, C_ = rearrange(B, "b l n -> b n l"), rearrange(C, "b l n -> b n l")
+        if self.y_norm is None:
+            y = selective_scan(x, delta, A, B_, C_, self.D, z, delta_bias=self.dt_proj.bias, delta_softplus=True,
+                               mode=self.scan)
+        else:
+            y = selective_scan(x, delta, A, B_, C_, delta_bias=self.dt_proj.bias, delta_softplus=True, mode=self.scan)
+            y = rearrange(self.y_norm(rearrange(y, "b d l -> b l d")), "b l d -> b d l")
+            y = (y + x * self.D[:, None]) * F.silu(z)
         if record is not None:
             record.update(delta=F.softplus(delta + self.dt_proj.bias[:, None]).transpose(1, 2), B=B, C=C)
         return self.out_proj(rearrange(y, "b d l -> b l d"))
@@ -383,8 +395,9 @@ class Mamba(nn.Module):
         if c.pos not in POS or c.norm not in NORMS or c.scan not in ("auto", *SCAN_MODES):
             raise ValueError(f"mamba: pos must be one of {POS}, norm one of {NORMS}, scan one of "
                              f"{('auto', *SCAN_MODES)}; got {c.pos!r}, {c.norm!r}, {c.scan!r}")
-        if min(c.n_layer, c.d_model, c.d_state, c.d_conv, c.expand, c.block_size) < 1 or c.dt_rank < 0:
-            raise ValueError("mamba: n_layer, d_model, d_state, d_conv, expand and block_size must be >= 1, dt_rank >= 0")
+        if min(c.n_layer, c.d_model, c.d_state, c.d_conv, c.expand, c.block_size) < 1 or min(c.dt_rank, c.n_pos) < 0:
+            raise ValueError("mamba: n_layer, d_model, d_state, d_conv, expand and block_size must be >= 1, "
+                             "dt_rank and n_pos >= 0")
         if c.vocab_size < 1 and c.n_features < 1:
             raise ValueError("mamba: the input size must be >= 1 (vocab_size for tokens or n_features for reals)")
         self.config = c
@@ -394,7 +407,7 @@ class Mamba(nn.Module):
                              f"lie outside the vocabulary of {c.vocab_size}")
         # real-valued inputs enter through a linear read-in instead of a token table
         self.wte = nn.Embedding(c.vocab_size, c.d_model) if c.vocab_size else nn.Linear(c.n_features, c.d_model)
-        self.wpe = nn.Embedding(c.block_size, c.d_model) if c.pos == "learned" else None
+        self.wpe = nn.Embedding(c.n_pos or c.block_size, c.d_model) if c.pos == "learned" else None
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
         self.norm_f = make_norm(c)
         self.head = None if self.tied else nn.Linear(c.d_model, 2 if c.gaussian else c.n_classes)
@@ -422,15 +435,15 @@ class Mamba(nn.Module):
         """
         c = self.config
         B, T = x.shape[:2]
-        if c.pos == "learned" and T > c.block_size:
+        if c.pos == "learned" and not c.n_pos and T > c.block_size:
             raise ValueError(f"sequence length {T} exceeds the model's position table block_size={c.block_size}")
         # on a GPU the embedding's own assert fires: a check there would make every step wait for the device
         if c.vocab_size and x.device.type == "cpu" and not torch.compiler.is_compiling() and x.numel():
             if not 0 <= x.min() <= x.max() < c.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {c.vocab_size}), got {x.min().item()}..{x.max().item()}")
         h = self.wte(x)  # (B, T, d_model)
-        if self.wpe is not None:
-            h = h + self.wpe(torch.arange(T, device=h.device))
+        if self.wpe is not None:  # with n_pos, every position from n_pos - 1 on reads the same (trained) row
+            h = h + self.wpe(torch.arange(T, device=h.device).clamp(max=self.wpe.num_embeddings - 1))
         layers = []
         for i, block in enumerate(self.blocks):
             record = {"x": h} if return_internals else None

@@ -286,6 +286,7 @@ class Regression(Task):
     K: int = 16  # (x, y) pairs per sequence
     noise_std: float = 0.5  # sigma: y = w.x + N(0, sigma^2)
     prior_std: float = 1.0  # tau: w ~ N(0, tau^2 I)
+    d_active: int = 0  # inputs vary in the first d_active dimensions, the rest are 0 (0 = all d): a curriculum grows it
 
     gaussian = True
 
@@ -293,6 +294,9 @@ class Regression(Task):
         check(isinstance(self.d, int) and self.d >= 1, f"regression: d must be an int >= 1, got {self.d}")
         check(isinstance(self.K, int) and self.K >= 1, f"regression: K must be an int >= 1, got {self.K}")
         check(self.noise_std > 0 and self.prior_std > 0, "regression: noise_std and prior_std must be > 0")
+        check(isinstance(self.d_active, int) and 0 <= self.d_active <= self.d,
+              f"regression: d_active must be an int in [0, d={self.d}] (0 = all), got {self.d_active}")
+        self.d_active = self.d_active or self.d
         self.n_features = self.d + 2
         self.n_classes = 2  # (mean, log-variance)
         self.seq_len = 2 * self.K
@@ -302,6 +306,8 @@ class Regression(Task):
         new = dict(dtype=torch.float64, device=device_of(g))
         w = torch.randn(B, d, generator=g, **new) * self.prior_std
         xs = torch.randn(B, K, d, generator=g, **new)
+        # with fewer active dimensions the exact posterior is still the oracle's: x.w ignores the zeroed ones
+        xs[:, :, self.d_active:] = 0
         ys = (xs @ w.unsqueeze(-1)).squeeze(-1) + self.noise_std * torch.randn(B, K, generator=g, **new)
         x = torch.zeros(B, K, 2, d + 2, device=w.device)
         x[:, :, 0, :d], x[:, :, 0, d + 1] = xs.float(), 1.0  # x token: [x_i, 0, 1]

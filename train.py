@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from oracles import Metrics
-from presets import IO_FIELDS, MODELS, build_config, check_train, match_width, parse_args, parse_stop, resume_config
+from presets import (IO_FIELDS, MODELS, build_config, check_train, match_width, parse_args, parse_curriculum,
+                     parse_stop, resume_config)
 from tasks import make_task
 
 VERDICTS = ("go on", "reached", "diverged")  # after an evaluation: --stop_at reached, not finite
@@ -170,8 +171,8 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
     torch.manual_seed(train["seed"])
     task, eval_tasks, model, opt, model_config = build(cfg, device)
     stop, (use_bf16, ctx) = parse_stop(train["stop_at"], task), autocast(train["dtype"], device)
-    out_dir = prepare_out_dir(train, resume_state is not None, master)
     batches, it, elapsed, history = Batches(task, train, device, rank, world), 0, 0.0, []
+    out_dir = prepare_out_dir(train, resume_state is not None, master)
     if resume_state is not None:
         it, elapsed, history = resume(resume_state, model, opt, batches, device, train, print)
     # buffers are constants (position tables, masks): nothing to broadcast, and rank 0 evaluates alone
@@ -187,8 +188,8 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
         lr = get_lr(it, train)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = batches.get(it)
-        out, loss = step(fwd, task, opt, batch, ctx)
+        batch, stage = batches.get(it)
+        out, loss = step(fwd, stage, opt, batch, ctx)
         if train["grad_clip"] > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
         opt.step()
@@ -202,9 +203,9 @@ def train_loop(cfg, device, rank, world, resume_state, eval_only, progress):
                 print(f"loss is {lossf} at step {it}: stopping; last good checkpoint: {last_good()}", file=sys.stderr)
                 return 1
             m, dt = Metrics(), time.time() - t_log
-            m.update(task, batch.to("cpu"), out.float())
-            print(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {m.result(task)['mae_token']:.4f} bits (batch) "
-                  f"| {(it - it_log) * train['batch_size'] * task.seq_len / dt / 1e3:.1f}k tok/s | lr {lr:.2e} "
+            m.update(stage, batch.to("cpu"), out.float())
+            print(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {m.result(stage)['mae_token']:.4f} bits (batch) "
+                  f"| {(it - it_log) * train['batch_size'] * stage.seq_len / dt / 1e3:.1f}k tok/s | lr {lr:.2e} "
                   f"| eta {fmt_time((T - it) * dt / (it - it_log))}")
             t_log, it_log = time.time(), it
         if not (at_eval or it in snapshots):
@@ -303,21 +304,25 @@ class Batches:
 
     def __init__(self, task, train, device, rank, world):
         self.gen, self.n = data_source(train, device)
-        self.task, self.B, self.device, self.rank, self.world = task, train["batch_size"], device, rank, world
+        self.B, self.device, self.rank, self.world = train["batch_size"], device, rank, world
+        self.stage = parse_curriculum(train["curriculum"], task, train) or (lambda it: task)
         self.chunk = self.chunk_state = None
 
     def get(self, it):
+        """Step it's batch, and the task it was drawn from (under a curriculum, that step's stage)."""
         k, B = it % self.n, self.B
         if k == 0 or self.chunk is None:  # None: resumed mid-chunk, with the generator at the chunk's start
             self.chunk_state = self.gen.get_state()
-            self.chunk = self.task.sample(B * self.n, self.gen)
+            self.chunk_task = self.stage(it - k)
+            self.chunk = self.chunk_task.sample(B * self.n, self.gen)
         batch = self.chunk.map(lambda t: t[k * B:(k + 1) * B]) if self.n > 1 else self.chunk
         if self.world > 1:
             per = B // self.world
             batch = batch.map(lambda t: t[self.rank * per:(self.rank + 1) * per])
         if batch.x.device.type == "cpu" and self.device.type == "cuda":  # from pinned memory the copy is asynchronous
             batch = batch.map(lambda t: t.pin_memory().to(self.device, non_blocking=True), latent=False)
-        return batch.to(self.device, latent=False)  # the oracle's float64 latents stay on the CPU (MPS has no float64)
+        # the oracle's float64 latents stay on the CPU (MPS has no float64)
+        return batch.to(self.device, latent=False), self.chunk_task
 
     def state(self, it):
         return self.gen.get_state() if it % self.n == 0 else self.chunk_state

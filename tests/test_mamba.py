@@ -224,11 +224,13 @@ def test_official_init():
 
 
 @pytest.mark.parametrize("scan", SCAN_MODES)
-@pytest.mark.parametrize("kind", ["tokens", "reals", "learned_pos"])
+@pytest.mark.parametrize("kind", ["tokens", "reals", "learned_pos", "n_pos_y_norm"])
 def test_model_is_causal(scan, kind):
     T, g = 23, torch.Generator().manual_seed(0)
     if kind == "reals":
         config, x = tiny_config(vocab_size=0, n_features=6, gaussian=True, scan=scan), torch.randn(3, T, 6, generator=g)
+    elif kind == "n_pos_y_norm":  # shared position rows past n_pos, LayerNorm on y
+        config, x = tiny_config(scan=scan, pos="learned", n_pos=5, y_norm=True), torch.randint(0, 12, (3, T), generator=g)
     else:
         config = tiny_config(scan=scan, pos="learned" if kind == "learned_pos" else "none", block_size=T)
         x = torch.randint(0, 12, (3, T), generator=g)
@@ -261,6 +263,43 @@ def test_model_modes_agree_and_internals():
     torch.testing.assert_close(skipped, emb @ model.wte.weight[7:12].T)
 
 
+def test_positions_from_n_pos_on_share_the_last_learned_row():
+    torch.manual_seed(0)
+    model = Mamba(tiny_config(pos="learned", n_pos=6, block_size=8))
+    assert model.wpe.num_embeddings == 6
+    x = torch.randint(0, 12, (2, 40))  # longer than block_size: the table never runs out
+    out = model(x)
+    with torch.no_grad():
+        model.wpe.weight[5] += 1.0  # the shared row moves every position from 5 on, and no earlier one
+    moved = (model(x) - out).abs().amax((0, 2))
+    assert moved[:5].max() == 0 and moved[5:].min() > 0
+
+
+def test_y_norm_is_a_layernorm_on_the_ssm_output_before_skip_and_gate():
+    torch.manual_seed(0)
+    mixer = Mamba(tiny_config(y_norm=True)).blocks[0].mixer.double()
+    with torch.no_grad():  # a non-trivial norm: not the identity init
+        mixer.y_norm.weight.normal_()
+        mixer.y_norm.bias.normal_()
+    h = torch.randn(2, 11, 16, dtype=torch.float64, requires_grad=True)
+    out = mixer(h)
+    # by hand: the same projections, the scan without D and the gate, then norm, skip and gate
+    L = h.shape[1]
+    xz = mixer.in_proj(h).transpose(1, 2)
+    x, z = xz.chunk(2, dim=1)
+    x = F.silu(mixer.conv1d(x)[..., :L])
+    dt, B, C = mixer.x_proj(x.transpose(1, 2)).split([mixer.dt_rank, mixer.d_state, mixer.d_state], -1)
+    delta = F.softplus(dt @ mixer.dt_proj.weight.T + mixer.dt_proj.bias).transpose(1, 2)
+    y, _ = brute_force(x, delta, -torch.exp(mixer.A_log), B.transpose(1, 2), C.transpose(1, 2),
+                       torch.zeros_like(mixer.D), torch.full_like(z, 30.0))  # SiLU(30) = 30 to 1e-12
+    y = F.layer_norm((y / 30).transpose(1, 2), (y.shape[1],), mixer.y_norm.weight, mixer.y_norm.bias).transpose(1, 2)
+    ref = mixer.out_proj(((y + x * mixer.D[:, None]) * F.silu(z)).transpose(1, 2))
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    g = torch.randn_like(out)
+    torch.testing.assert_close(torch.autograd.grad((out * g).sum(), h)[0], torch.autograd.grad((ref * g).sum(), h)[0],
+                               rtol=1e-9, atol=1e-9)
+
+
 def test_bf16_autocast_forward_backward():
     torch.manual_seed(0)
     model = Mamba(tiny_config())
@@ -275,7 +314,7 @@ def test_bf16_autocast_forward_backward():
 
 def test_bad_configs_raise():
     for kw in (dict(pos="rotary"), dict(norm="batchnorm"), dict(scan="pscan"), dict(n_layer=0), dict(d_state=0),
-               dict(expand=0), dict(d_conv=0), dict(dt_rank=-1), dict(vocab_size=0, n_features=0),
+               dict(expand=0), dict(d_conv=0), dict(dt_rank=-1), dict(n_pos=-1), dict(vocab_size=0, n_features=0),
                dict(answer_offset=10)):  # answers 10..14 outside a vocabulary of 12
         with pytest.raises(ValueError):
             Mamba(tiny_config(**kw))

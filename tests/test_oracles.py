@@ -70,11 +70,14 @@ def test_hmm_header_states_the_matrices_exactly():
     assert torch.allclose(batch.y[batch.mask].double(), oracle(task, batch)[batch.mask], atol=1e-6)
 
 
-def test_regression_against_joint_gaussian_conditioning():
-    task = make_task("regression", d=3, K=6, noise_std=0.3, prior_std=1.5)
+@pytest.mark.parametrize("d_active", [0, 2])  # 2: inputs vary in 2 of the 3 dimensions (a curriculum's stage)
+def test_regression_against_joint_gaussian_conditioning(d_active):
+    task = make_task("regression", d=3, K=6, noise_std=0.3, prior_std=1.5, d_active=d_active)
     batch = task.sample(5, gen(5))
     mean, var = oracle(task, batch)
     xs, ys = batch.latent["xs"], batch.latent["ys"]
+    assert (xs[:, :, task.d_active:] == 0).all() and (xs[:, :, :task.d_active] != 0).all()
+    assert (batch.x[:, :, task.d_active:3] == 0).all()
     s2, t2 = task.noise_std ** 2, task.prior_std ** 2
     for b in range(5):
         # (y_1..y_K) is jointly Gaussian: Cov(y_i, y_j) = tau^2 x_i.x_j + sigma^2 [i = j]

@@ -45,38 +45,59 @@ def test_every_task_runs_and_writes_results(tmp_path, name):
     assert m["mae_token"] >= m["mae_curve"] - 1e-12
 
 
-# with 4 batches per draw, step 6 is in the middle of a chunk; dropout needs torch's global RNG restored
-@pytest.mark.parametrize("chunk, dropout", [("1", "0.2"), ("4", "0")])
-def test_resume_continues_identically(tmp_path, chunk, dropout):
+def run_and_resume(tmp_path, argv, task="bijection"):
+    """Run argv (12 steps, an evaluation every 6) into a/, resume its step-6 snapshot in b/ as if the run had
+    stopped there, check both end with the same model; returns a, b."""
     a, b = tmp_path / "a", tmp_path / "b"
-    common = TINY + ["--max_iters", "12", "--eval_interval", "6", "--data_chunk", chunk, "--data_device", "device",
-                     "--dropout", dropout]
-    assert run_main(common + ["--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
+    assert run_main(argv + ["--max_iters", "12", "--eval_interval", "6", "--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
     os.makedirs(b)
-    os.replace(a / "ckpt_0000006.pt", b / "ckpt.pt")  # as if the run had stopped at step 6
-    assert run_main(["--task", "bijection", "--resume", "--out_dir", str(b)]) == 0
-    sa = torch.load(a / "ckpt.pt", weights_only=True)
-    sb = torch.load(b / "ckpt.pt", weights_only=True)
+    os.replace(a / "ckpt_0000006.pt", b / "ckpt.pt")
+    assert run_main(["--task", task, "--resume", "--out_dir", str(b)]) == 0
+    sa, sb = (torch.load(p / "ckpt.pt", weights_only=True) for p in (a, b))
     assert sb["iter"] == sa["iter"] == 12
     for k in sa["model"]:
         assert torch.equal(sa["model"][k], sb["model"][k]), k
+    return a, b
+
+
+# with 4 batches per draw, step 6 is in the middle of a chunk; dropout needs torch's global RNG restored
+@pytest.mark.parametrize("chunk, dropout", [("1", "0.2"), ("4", "0")])
+def test_resume_continues_identically(tmp_path, chunk, dropout):
+    a, b = run_and_resume(tmp_path, TINY + ["--data_chunk", chunk, "--data_device", "device", "--dropout", dropout])
     ra, rb = json.load(open(a / "results.json")), json.load(open(b / "results.json"))
     assert ra["metrics"] == rb["metrics"]
 
 
 def test_muon_runs_save_and_resume_identically(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    common = TINY + ["--optimizer", "muon", "--max_iters", "12", "--eval_interval", "6"]
-    assert run_main(common + ["--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
-    state = torch.load(a / "ckpt_0000006.pt", weights_only=True)
-    adamw, muon = state["optimizer"]  # both optimizers' states are in the checkpoint
+    a, b = run_and_resume(tmp_path, TINY + ["--optimizer", "muon"])
+    adamw, muon = torch.load(a / "ckpt.pt", weights_only=True)["optimizer"]  # both optimizers' states are kept
     assert adamw["state"] and muon["state"] and all("momentum_buffer" in s for s in muon["state"].values())
-    os.makedirs(b)
-    os.replace(a / "ckpt_0000006.pt", b / "ckpt.pt")
-    assert run_main(["--task", "bijection", "--resume", "--out_dir", str(b)]) == 0
-    sa, sb = (torch.load(p / "ckpt.pt", weights_only=True) for p in (a, b))
-    for k in sa["model"]:
-        assert torch.equal(sa["model"][k], sb["model"][k]), k
+
+
+def test_curriculum_grows_the_option_in_equal_stages_and_resumes_identically(tmp_path):
+    task = tasks.make_task("recall", n_pairs=8, n_queries=2, key_vocab=16, value_vocab=16, filler=2)
+    stage = presets.parse_curriculum("n_pairs=5", task, dict(curriculum_iters=8, max_iters=20))
+    assert [stage(it).n_pairs for it in range(12)] == [5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8]
+    assert stage(10) == task and stage(0).seq_len < task.seq_len
+    assert presets.parse_curriculum("", task, {}) is None
+    run_and_resume(tmp_path, ["--task", "recall", "--n_pairs", "8", "--n_queries", "2", "--key_vocab", "16",
+                              "--value_vocab", "16", "--filler", "2", "--n_layer", "1", "--d_model", "16",
+                              "--batch_size", "8", "--eval_samples", "20", "--eval_samples_during", "20",
+                              "--curriculum", "n_pairs=3", "--curriculum_iters", "10"], task="recall")
+
+
+def test_every_preset_curriculum_is_valid():
+    found = []
+    for preset in presets.PRESETS:
+        for task in presets.PRESETS[preset]:
+            for model in presets.MODELS:
+                cfg = presets.build_config(task, model, preset, {})
+                if cfg["train"]["curriculum"]:
+                    t = tasks.make_task(task, **cfg["task_opts"])
+                    stage = presets.parse_curriculum(cfg["train"]["curriculum"], t, cfg["train"])
+                    assert stage(cfg["train"]["max_iters"]) == t and stage(0) != t
+                    found.append((preset, task))
+    assert ("quick", "regression") in found and ("cpu_paper_task", "recall") in found
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
@@ -222,6 +243,12 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--device", "nonsense"], "--device 'nonsense': expected auto, cpu, cuda, cuda:N or mps"),
     (["--rule", "delta"], "--rule is an option of --model linear_attn only"),
     (["--resume", "--overwrite"], "--overwrite starts a new run"),
+    (["--task", "recall", "--curriculum", "pairs=2"], "expected NAME=START with NAME an integer option of recall: n_pairs"),
+    (["--task", "recall", "--curriculum", "n_pairs=0"], "START must be in [1, 8] (recall's n_pairs)"),
+    (["--task", "recall", "--curriculum", "n_pairs=4"], "refuses its first stage: recall: n_queries=8 must be <= n_pairs=4"),
+    (["--task", "hmm", "--curriculum", "n_obs=2"], "n_obs changes the model's inputs or outputs"),
+    (["--task", "recall", "--curriculum", "n_pairs=6", "--n_queries", "3", "--curriculum_iters", "-1"],
+     "--curriculum_iters must be >= 0"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, argv, expect):
     assert run_main(argv + ["--max_iters", "0", "--out_dir", "/nonexistent/never"]) == 2
