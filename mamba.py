@@ -370,8 +370,7 @@ class MambaMixer(nn.Module):
                                mode=self.scan)
         else:
             y = selective_scan(x, delta, A, B_, C_, delta_bias=self.dt_proj.bias, delta_softplus=True, mode=self.scan)
-            y = rearrange(self.y_norm(rearrange(y, "b d l -> b l d")), "b l d -> b d l")
-            y = (y + x * self.D[:, None]) * F.silu(z)
+            y = gate(rearrange(self.y_norm(rearrange(y, "b d l -> b l d")), "b l d -> b d l"), x, self.D[:, None], z)
         if record is not None:
             record.update(delta=F.softplus(delta + self.dt_proj.bias[:, None]).transpose(1, 2), B=B, C=C)
         return self.out_proj(rearrange(y, "b d l -> b l d"))

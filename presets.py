@@ -364,7 +364,7 @@ def parse_curriculum(spec, task, train):
     if io(first) != io(task):
         raise ValueError(f"--curriculum {spec!r}: {name} changes the model's inputs or outputs; grow an option "
                          f"that only changes the sequences")
-    iters, stages = train["curriculum_iters"] or train["max_iters"] // 2, {}  # stages: value -> task
+    iters, stages = train["curriculum_iters"] or train["max_iters"] // 2, {start: first}  # value -> task
 
     def stage(it):  # end - start + 1 stages of equal length
         value = end if it >= iters else start + (end - start + 1) * it // iters

@@ -282,8 +282,8 @@ def final_eval(cfg, eval_tasks, model, device, ctx, it, history, wall, model_con
         print(f"final {name} ({train['eval_samples']} held-out sequences): {summary(metrics[name])}")
     results = dict(task=cfg["task"], model=cfg["model"], preset=cfg["preset"], config=cfg, model_config=model_config,
                    task_options=eval_tasks["default"].options(), n_params=model.num_params(), iters=it,
-                   metrics=metrics, history=history, wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
-                   torch_version=torch.__version__)
+                   metrics=metrics, history=history, wall_time_s=wall, device=str(device), seed=train["seed"],
+                   code_version=code_version(), torch_version=torch.__version__)
     path = os.path.join(train["out_dir"], "eval.json" if eval_only else "results.json")
     write_json(path, results)
     print(f"wrote {path} | wall time {fmt_time(wall)}")
