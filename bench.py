@@ -469,7 +469,7 @@ def bench_memory(argv):
 
 TARGETS = {"bijection": "mae_curve<=0.01", "hmm": "mae_curve<=0.05", "recall": "accuracy>=0.99",
            "regression": "mae_curve<=0.05"}
-FAST = {  # train.py flags on top of the quick preset; README "Time to target" has the runs that chose them
+FAST = {  # train.py flags on top of the quick preset; results/time_to_target.md has the runs that chose them
     "bijection": ["--lr", "4e-3"],
     "hmm": [],
     "recall": [],

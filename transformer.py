@@ -4,9 +4,14 @@ GPT-style causal transformer for the wind tunnels (nanoGPT shape).
 Design decisions:
 - pre-norm residual blocks, GELU MLP, no dropout by default, N(0, 0.02) init with the
   residual projections scaled by 1/sqrt(2 n_layer) (GPT-2);
-- positions: learned absolute embeddings by default (the paper's models); `rotary` or `none`
-  as options, since the HMM length-generalisation result (K = 30, 50 beyond the trained 20)
-  depends on them;
+- positions: learned absolute embeddings by default (the paper's models); `rotary`, `alibi`,
+  `learned_alibi` (both) or `none` as options, since the HMM length-generalisation result
+  (K = 30, 50 beyond the trained 20) depends on them; `n_pos` shares one learned row among all
+  later positions, so that a longer sequence meets no untrained row;
+- `log_scale` (Scalable-Softmax, Nakanishi 2025, arXiv 2501.19399) multiplies each head's logits
+  by s_h log n, n the keys in view, s_h learned: with plain softmax a head's weight on a few keys
+  (the HMM's header) dilutes as the keys after them grow in number, and a model trained at one
+  length loses its focus at a longer one;
 - inputs: token embeddings, or a linear read-in for real-valued features (regression);
 - outputs: C answer logits. Where the answers are tokens (bijection values, recall values),
   `tie_head` reads them off the embedding rows of those tokens (the paper's tied head);
@@ -17,7 +22,8 @@ Design decisions:
 Diagnostics: `forward(x, head_mask=None, skip_layers=(), return_internals=False)`.
 `head_mask` (n_layer, n_head) multiplies each head's attention weights (0 silences a head);
 `skip_layers` bypasses whole blocks (output = input); internals hold, per layer, the block's
-input residual `x`, and `q, k, v` (B, H, T, d_head) and `att` (B, H, T, T).
+input residual `x`, and `q, k, v` (B, H, T, d_head; q as it enters the logits, after rotary and
+log_scale) and `att` (B, H, T, T).
 """
 from dataclasses import dataclass
 import math
@@ -44,6 +50,7 @@ class TransformerConfig:
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     pos: str = "learned"  # position encoding: learned | rotary | alibi | learned_alibi (both) | none
     n_pos: int = 0  # learned rows: positions >= n_pos share the last row (0 = block_size, every position its own)
+    log_scale: bool = False  # each head's logits times s_h log n, n the keys in view, s_h learned (Scalable-Softmax)
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "layernorm"  # layernorm | rmsnorm
     bias: bool = True  # biases in linear layers and norms
@@ -82,12 +89,17 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.c_proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.dropout = config.dropout
+        # s_h: log n is 4 to 4.5 at the HMM's trained lengths, so 1/4 starts every head near plain softmax
+        self.log_scale = nn.Parameter(torch.full((config.n_head,), 0.25)) if config.log_scale else None
 
     def forward(self, x, rope=None, head_mask=None, record=None, bias=None):
         B, T, C = x.shape
         q, k, v = [rearrange(t, "b t (h d) -> b h t d", h=self.n_head) for t in self.c_attn(x).split(C, 2)]
         if rope is not None:
             q, k = rotary(q, *rope), rotary(k, *rope)
+        if self.log_scale is not None:  # query i sees n = i + 1 keys
+            n = torch.arange(1, T + 1, device=x.device).float()
+            q = q * (self.log_scale[:, None, None] * n.log()[:, None]).to(q.dtype)
         drop = self.dropout if self.training else 0.0
         if head_mask is None and record is None:
             if bias is None:

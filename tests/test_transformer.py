@@ -13,8 +13,9 @@ def tiny(**kw):
 
 @pytest.mark.parametrize("pos,n_pos", [("learned", 0), ("rotary", 0), ("alibi", 0), ("none", 0),
                                        ("learned_alibi", 0), ("learned_alibi", 6)])
-def test_causal_under_future_perturbation(pos, n_pos):
-    model = tiny(pos=pos, n_pos=n_pos)
+@pytest.mark.parametrize("log_scale", [False, True])
+def test_causal_under_future_perturbation(pos, n_pos, log_scale):
+    model = tiny(pos=pos, n_pos=n_pos, log_scale=log_scale)
     x = torch.randint(12, (3, 16))
     out = model(x)
     for t in (0, 5, 14):
@@ -91,3 +92,27 @@ def test_positions_from_n_pos_on_share_the_last_learned_row():
         model.wpe.weight[5] += 1.0  # the shared row moves every position from 5 on, and no earlier one
     moved = (model(x) - out).abs().amax((0, 2))
     assert moved[:5].max() == 0 and moved[5:].min() > 0
+
+
+@pytest.mark.parametrize("pos", ["learned", "learned_alibi"])
+def test_log_scale_multiplies_each_heads_logits_by_s_log_n(pos):
+    model = tiny(pos=pos, log_scale=True)
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn.log_scale.copy_(torch.tensor([0.3, 0.7]))
+    x = torch.randint(12, (2, 16))
+    out, inside = model(x, return_internals=True)
+    assert torch.allclose(out, model(x), atol=1e-12)  # the explicit path agrees with the fused one
+    # layer 0's attention by hand, from its unscaled q and k
+    attn = model.blocks[0].attn
+    h = model.blocks[0].ln_1(inside["layers"][0]["x"])
+    q, k, _ = [t.view(2, 16, 2, 8).transpose(1, 2) for t in attn.c_attn(h).split(16, 2)]
+    logits = (q @ k.transpose(-2, -1)) / 8 ** 0.5
+    logits = logits * (attn.log_scale[:, None, None] * torch.arange(1, 17).double().log()[:, None])
+    if pos == "learned_alibi":
+        slopes = 2.0 ** (-8.0 * torch.arange(1, 3) / 2)
+        logits = logits - slopes[:, None, None] * (torch.arange(16)[:, None] - torch.arange(16)[None, :])
+    att = logits.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    assert torch.allclose(inside["layers"][0]["att"], att, atol=1e-12)
+    (g,) = torch.autograd.grad(out.sum(), attn.log_scale)  # s_h is trained
+    assert g.abs().min() > 0
