@@ -307,7 +307,8 @@ def check_train(train):
                  weight_decay=(lambda x: x >= 0, ">= 0"), beta1=(lambda x: 0 <= x < 1, "in [0, 1)"),
                  beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
                  warmup_iters=(lambda x: x >= 0, ">= 0"), lr_decay_iters=(lambda x: x >= 0, ">= 0 (0 = --max_iters)"),
-                 max_iters=(lambda x: x >= 0, ">= 0"), data_chunk=(lambda x: x >= 0, ">= 0 (0 = auto)"))
+                 max_iters=(lambda x: x >= 0, ">= 0"), data_chunk=(lambda x: x >= 0, ">= 0 (0 = auto)"),
+                 curriculum_iters=(lambda x: x >= 0, ">= 0 (0 = half of --max_iters)"))
     rules |= {k: (lambda x: x >= 1, ">= 1") for k in
               ("batch_size", "log_interval", "eval_interval", "eval_samples", "eval_samples_during")}
     for k, (ok, want) in rules.items():
@@ -355,8 +356,6 @@ def parse_curriculum(spec, task, train):
     name, start, end = m.group(1), int(m.group(2)), getattr(task, m.group(1))
     if not 1 <= start <= end:
         raise ValueError(f"--curriculum {spec!r}: START must be in [1, {end}] ({task.name}'s {name})")
-    if train["curriculum_iters"] < 0:
-        raise ValueError(f"--curriculum_iters must be >= 0 (0 = half of --max_iters), got {train['curriculum_iters']}")
     try:
         first = replace(task, **{name: start})
     except ValueError as e:
