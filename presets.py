@@ -90,11 +90,13 @@ PRESETS = {
                           mlp=dict(n_layer=6, d_model=197), mlp_pos=dict(n_layer=6, d_model=220, per_position=True)),
         # hmm transformer: Muon leaves the uninformed plateau within ~300 steps; learned rows for the 53 header
         # tokens (which cell of T or E each one is) and one shared row for every observation position, with
-        # ALiBi giving the order of the observations, so K = 30 and 50 meet no untrained position.
+        # ALiBi giving the order of the observations, so K = 30 and 50 meet no untrained position; a window of
+        # 16 tokens (8 observations, past which the filter has forgotten) besides the header, so that the
+        # header's share of attention does not dilute as K grows past the trained 20.
         # hmm Mamba: the same header rows, and the authors' LayerNorm on y; with both it tracks the filter to
         # 0.015 bits per token, with neither 0.125 (results/mamba.md)
         "hmm": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_K=[30, 50]),
-                    transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=54,
+                    transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=54, window=16,
                                      train=dict(optimizer="muon")),
                     mamba=dict(n_layer=3, d_model=64, pos="learned", n_pos=54, y_norm=True),
                     lstm=dict(n_layer=2, d_model=166, pos="none"),

@@ -12,6 +12,13 @@ Design decisions:
   by s_h log n, n the keys in view, s_h learned: with plain softmax a head's weight on a few keys
   (the HMM's header) dilutes as the keys after them grow in number, and a model trained at one
   length loses its focus at a longer one;
+- `window` keeps the header (the positions with learned rows of their own) in view of every query
+  and the rest only within the last `window` positions, in training as in evaluation (the
+  Λ-shaped mask of LM-Infinite, Han et al. 2024, arXiv 2308.16137). With shared rows and ALiBi a
+  query's output then depends on the header and the last n_layer * (window - 1) positions only,
+  at the same distances wherever it stands: no head spreads thinner, and the header comes no
+  further away, as the sequence grows. The HMM filter forgets its start within ~8 observations
+  (16 tokens), so the window costs it nothing;
 - inputs: token embeddings, or a linear read-in for real-valued features (regression);
 - outputs: C answer logits. Where the answers are tokens (bijection values, recall values),
   `tie_head` reads them off the embedding rows of those tokens (the paper's tied head);
@@ -51,6 +58,7 @@ class TransformerConfig:
     pos: str = "learned"  # position encoding: learned | rotary | alibi | learned_alibi (both) | none
     n_pos: int = 0  # learned rows: positions >= n_pos share the last row (0 = block_size, every position its own)
     log_scale: bool = False  # each head's logits times s_h log n, n the keys in view, s_h learned (Scalable-Softmax)
+    window: int = 0  # > 0: each query sees the last `window` positions and the header (positions < n_pos - 1)
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "layernorm"  # layernorm | rmsnorm
     bias: bool = True  # biases in linear layers and norms
@@ -67,12 +75,23 @@ def make_norm(config):
     return nn.LayerNorm(config.d_model, bias=config.bias)
 
 
-def alibi_bias(n_head, T, device):
-    """(H, T, T) additive attention bias -m_h * (i - j) with slopes m_h = 2^(-8h/H), -inf on the future:
-    each head starts out attending to the recent past, at its own range (ALiBi, Press et al. 2022)."""
-    slopes = 2.0 ** (-8.0 * torch.arange(1, n_head + 1, device=device) / n_head)
+def attn_bias(config, T, device):
+    """(H, T, T) additive attention bias with -inf on the future, or None for plain causal attention.
+    ALiBi: -m_h * (i - j) with slopes m_h = 2^(-8h/H), so each head starts out attending to the recent
+    past, at its own range (Press et al. 2022). `window`: keys `window` or more positions back are
+    masked, except the header's (positions < n_pos - 1), which every query sees with no distance penalty."""
+    c = config
+    alibi = c.pos.endswith("alibi")
+    if not alibi and not c.window:
+        return None
+    slopes = 2.0 ** (-8.0 * torch.arange(1, c.n_head + 1, device=device) / c.n_head)
+    slopes = slopes if alibi else torch.zeros_like(slopes)
     dist = (torch.arange(T, device=device)[:, None] - torch.arange(T, device=device)[None, :]).float()
-    return (-slopes[:, None, None] * dist).masked_fill(dist < 0, float("-inf"))
+    bias = -slopes[:, None, None] * dist
+    if c.window:
+        header = (torch.arange(T, device=device) < c.n_pos - 1)[None, :]
+        bias = bias.masked_fill(header, 0.0).masked_fill(~header & (dist >= c.window), float("-inf"))
+    return bias.masked_fill(dist < 0, float("-inf"))
 
 
 def rotary(x, pos_cos, pos_sin):
@@ -97,9 +116,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = [rearrange(t, "b t (h d) -> b h t d", h=self.n_head) for t in self.c_attn(x).split(C, 2)]
         if rope is not None:
             q, k = rotary(q, *rope), rotary(k, *rope)
-        if self.log_scale is not None:  # query i sees n = i + 1 keys
-            n = torch.arange(1, T + 1, device=x.device).float()
-            q = q * (self.log_scale[:, None, None] * n.log()[:, None]).to(q.dtype)
+        if self.log_scale is not None:  # n keys in view: i + 1 for query i, fewer under a window
+            n = torch.arange(1, T + 1, device=x.device) if bias is None else bias[0].isfinite().sum(-1)
+            q = q * (self.log_scale[:, None, None] * n.float().log()[:, None]).to(q.dtype)
         drop = self.dropout if self.training else 0.0
         if head_mask is None and record is None:
             if bias is None:
@@ -157,8 +176,9 @@ class Transformer(nn.Module):
                              f"{' of even size (rotary)' if c.pos == 'rotary' else ''}")
         if min(c.n_layer, c.n_head, c.d_model, c.block_size) < 1:
             raise ValueError("transformer: n_layer, n_head, d_model and block_size must be >= 1")
-        if c.n_pos < 0:
-            raise ValueError(f"transformer: n_pos must be >= 0, got {c.n_pos}")
+        for name in ("n_pos", "window"):
+            if getattr(c, name) < 0:
+                raise ValueError(f"transformer: {name} must be >= 0, got {getattr(c, name)}")
         if c.vocab_size < 1 and c.n_features < 1:
             raise ValueError("transformer: the input size must be >= 1 (vocab_size for tokens or n_features for reals)")
         self.config = c
@@ -205,7 +225,7 @@ class Transformer(nn.Module):
         if self.wpe is not None:  # with n_pos, every position from n_pos - 1 on reads the same (trained) row
             h = h + self.wpe(torch.arange(T, device=h.device).clamp(max=self.wpe.num_embeddings - 1))
         rope = self.rope(T, h.device) if c.pos == "rotary" else None
-        bias = alibi_bias(c.n_head, T, h.device) if c.pos.endswith("alibi") else None
+        bias = attn_bias(c, T, h.device)
         layers = []
         for i, block in enumerate(self.blocks):
             record = {"x": h} if return_internals else None

@@ -230,6 +230,7 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     (["--task", "bijection", "--data_device", "gpu"], "invalid choice: 'gpu' (choose from 'auto', 'cpu', 'device')"),
     (["--task", "bijection", "--optimizer", "sgd"], "invalid choice: 'sgd' (choose from 'adamw', 'muon')"),
     (["--task", "hmm", "--n_pos", "-1"], "n_pos must be >= 0, got -1"),
+    (["--task", "hmm", "--window", "-16"], "window must be >= 0, got -16"),
     (["--lr", "-1e-3"], "--lr must be > 0, got -0.001"),
     (["--lr", "nan"], "--lr must be a finite number, got nan"),
     (["--lr", "0"], "--lr must be > 0"),

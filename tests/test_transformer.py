@@ -11,11 +11,12 @@ def tiny(**kw):
     return Transformer(TransformerConfig(**(c | kw))).double()
 
 
-@pytest.mark.parametrize("pos,n_pos", [("learned", 0), ("rotary", 0), ("alibi", 0), ("none", 0),
-                                       ("learned_alibi", 0), ("learned_alibi", 6)])
+@pytest.mark.parametrize("pos,n_pos,window", [("learned", 0, 0), ("rotary", 0, 0), ("alibi", 0, 0), ("none", 0, 0),
+                                              ("learned_alibi", 0, 0), ("learned_alibi", 6, 0),
+                                              ("learned_alibi", 6, 4), ("learned", 0, 4)])
 @pytest.mark.parametrize("log_scale", [False, True])
-def test_causal_under_future_perturbation(pos, n_pos, log_scale):
-    model = tiny(pos=pos, n_pos=n_pos, log_scale=log_scale)
+def test_causal_under_future_perturbation(pos, n_pos, window, log_scale):
+    model = tiny(pos=pos, n_pos=n_pos, window=window, log_scale=log_scale)
     x = torch.randint(12, (3, 16))
     out = model(x)
     for t in (0, 5, 14):
@@ -80,6 +81,8 @@ def test_bad_configs_and_too_long_sequences():
         tiny(d_model=15)
     with pytest.raises(ValueError, match="pos must be one of"):
         tiny(pos="sinusoidal")
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        tiny(window=-1)
     tiny(pos="rotary")(torch.randint(12, (1, 40)))  # rotary has no fixed table
 
 
@@ -94,6 +97,20 @@ def test_positions_from_n_pos_on_share_the_last_learned_row():
     assert moved[:5].max() == 0 and moved[5:].min() > 0
 
 
+def attention_by_hand(model, inside, seen, dist):
+    """Layer 0's attention (2 heads of 8, 16 positions) from its unscaled q and k: q.k / sqrt(8), times
+    s_h log n (n the keys seen) under log_scale, minus m_h * dist under ALiBi, softmax over the keys seen."""
+    attn = model.blocks[0].attn
+    h = model.blocks[0].ln_1(inside["layers"][0]["x"])
+    q, k, _ = [t.view(2, 16, 2, 8).transpose(1, 2) for t in attn.c_attn(h).split(16, 2)]
+    logits = (q @ k.transpose(-2, -1)) / 8 ** 0.5
+    if attn.log_scale is not None:
+        logits = logits * (attn.log_scale[:, None, None] * seen.sum(-1).double().log()[:, None])
+    if model.config.pos.endswith("alibi"):
+        logits = logits - (2.0 ** (-8.0 * torch.arange(1, 3) / 2))[:, None, None] * dist
+    return logits.masked_fill(~seen, float("-inf")).softmax(-1)
+
+
 @pytest.mark.parametrize("pos", ["learned", "learned_alibi"])
 def test_log_scale_multiplies_each_heads_logits_by_s_log_n(pos):
     model = tiny(pos=pos, log_scale=True)
@@ -103,16 +120,40 @@ def test_log_scale_multiplies_each_heads_logits_by_s_log_n(pos):
     x = torch.randint(12, (2, 16))
     out, inside = model(x, return_internals=True)
     assert torch.allclose(out, model(x), atol=1e-12)  # the explicit path agrees with the fused one
-    # layer 0's attention by hand, from its unscaled q and k
-    attn = model.blocks[0].attn
-    h = model.blocks[0].ln_1(inside["layers"][0]["x"])
-    q, k, _ = [t.view(2, 16, 2, 8).transpose(1, 2) for t in attn.c_attn(h).split(16, 2)]
-    logits = (q @ k.transpose(-2, -1)) / 8 ** 0.5
-    logits = logits * (attn.log_scale[:, None, None] * torch.arange(1, 17).double().log()[:, None])
-    if pos == "learned_alibi":
-        slopes = 2.0 ** (-8.0 * torch.arange(1, 3) / 2)
-        logits = logits - slopes[:, None, None] * (torch.arange(16)[:, None] - torch.arange(16)[None, :])
-    att = logits.masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    dist = (torch.arange(16)[:, None] - torch.arange(16)[None, :]).double()
+    att = attention_by_hand(model, inside, dist >= 0, dist)
     assert torch.allclose(inside["layers"][0]["att"], att, atol=1e-12)
-    (g,) = torch.autograd.grad(out.sum(), attn.log_scale)  # s_h is trained
+    (g,) = torch.autograd.grad(out.sum(), model.blocks[0].attn.log_scale)  # s_h is trained
     assert g.abs().min() > 0
+
+
+@pytest.mark.parametrize("pos,log_scale", [("learned_alibi", False), ("none", True)])
+def test_window_attention_by_hand(pos, log_scale):
+    """Query i sees key j <= i when j is in the header (j < n_pos - 1, no distance penalty) or i - j < window."""
+    model = tiny(pos=pos, n_pos=6, window=4, log_scale=log_scale)
+    x = torch.randint(12, (2, 16))
+    out, inside = model(x, return_internals=True)
+    assert torch.allclose(out, model(x), atol=1e-12)  # the explicit path agrees with the fused one
+    seen = torch.zeros(16, 16, dtype=torch.bool)
+    dist = torch.zeros(16, 16, dtype=torch.float64)
+    for i in range(16):
+        for j in range(i + 1):
+            seen[i, j] = j < 5 or i - j < 4
+            dist[i, j] = 0 if j < 5 else i - j
+    assert torch.allclose(inside["layers"][0]["att"], attention_by_hand(model, inside, seen, dist), atol=1e-12)
+
+
+def test_window_makes_a_long_sequence_read_like_a_short_one():
+    """With a window, shared position rows and ALiBi, a query's output depends on the header and the last
+    n_layer * (window - 1) positions only, wherever it stands: past the trained length it computes
+    exactly what it computes inside it."""
+    model = tiny(pos="learned_alibi", n_pos=6, window=4)
+    x = torch.randint(12, (2, 40))  # 5 header positions, then 35
+    reach = 2 * (4 - 1)
+    short = torch.cat([x[:, :5], x[:, -reach - 1:]], 1)  # 12 positions: inside block_size
+    assert torch.allclose(model(x)[:, -1], model(short)[:, -1], atol=1e-12)
+    x2 = x.clone()
+    x2[:, 5:-reach - 1] = torch.randint(12, (2, 40 - reach - 6))  # everything outside that reach
+    assert torch.allclose(model(x2)[:, -1], model(x)[:, -1], atol=1e-12)
+    x2[:, -reach - 1] = (x[:, -reach - 1] + 1) % 12  # the farthest position inside it
+    assert not torch.allclose(model(x2)[:, -1], model(x)[:, -1])
