@@ -12,13 +12,13 @@ Design decisions:
   by s_h log n, n the keys in view, s_h learned: with plain softmax a head's weight on a few keys
   (the HMM's header) dilutes as the keys after them grow in number, and a model trained at one
   length loses its focus at a longer one;
-- `window` keeps the header (the positions with learned rows of their own) in view of every query
-  and the rest only within the last `window` positions, in training as in evaluation (the
-  Λ-shaped mask of LM-Infinite, Han et al. 2024, arXiv 2308.16137). With shared rows and ALiBi a
-  query's output then depends on the header and the last n_layer * (window - 1) positions only,
-  at the same distances wherever it stands: no head spreads thinner, and the header comes no
-  further away, as the sequence grows. The HMM filter forgets its start within ~8 observations
-  (16 tokens), so the window costs it nothing;
+- `window` keeps the header (positions < n_pos - 1: with `n_pos`, those with learned rows of their
+  own) in view of every query, with no ALiBi penalty, and the rest only within the last `window`
+  positions, in training as in evaluation (the Λ-shaped mask of LM-Infinite, Han et al. 2024,
+  arXiv 2308.16137). With shared rows and ALiBi a query's output then depends on the header and the
+  last n_layer * (window - 1) positions only, at the same distances wherever it stands: no head
+  spreads thinner, and the header comes no further away, as the sequence grows. The HMM filter
+  forgets its start within ~8 observations (16 tokens), so the window costs it nothing;
 - inputs: token embeddings, or a linear read-in for real-valued features (regression);
 - outputs: C answer logits. Where the answers are tokens (bijection values, recall values),
   `tie_head` reads them off the embedding rows of those tokens (the paper's tied head);
@@ -58,7 +58,7 @@ class TransformerConfig:
     pos: str = "learned"  # position encoding: learned | rotary | alibi | learned_alibi (both) | none
     n_pos: int = 0  # learned rows: positions >= n_pos share the last row (0 = block_size, every position its own)
     log_scale: bool = False  # each head's logits times s_h log n, n the keys in view, s_h learned (Scalable-Softmax)
-    window: int = 0  # > 0: each query sees the last `window` positions and the header (positions < n_pos - 1)
+    window: int = 0  # > 0: keys within the last `window` positions, and the header (< n_pos - 1) with no ALiBi penalty
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "layernorm"  # layernorm | rmsnorm
     bias: bool = True  # biases in linear layers and norms
