@@ -106,13 +106,14 @@ class Optimizers:
 
 
 def make_optimizer(model, train, device):
-    """AdamW with decoupled weight decay on matrices and embeddings, or (--optimizer muon) Muon on the
-    2-D weights of the hidden layers and AdamW on embeddings, read-ins, heads, gains and biases. Muon's
-    update is rescaled to AdamW's RMS (Moonshot's rule), so both take the same --lr and schedule."""
+    """AdamW with decoupled weight decay on matrices and embeddings, or (--optimizer muon) Muon on the weight
+    matrices of the linear maps inside the blocks (muon_params) and AdamW on everything else. Muon's update is
+    rescaled to AdamW's RMS (Moonshot's rule), so both take the same --lr and schedule. Parameters marked
+    `_no_weight_decay` (Mamba's A_log and D) are never decayed and never in Muon."""
     named = list(model.named_parameters())
-    hidden = lambda n, p: train["optimizer"] == "muon" and p.dim() == 2 and n.startswith(("blocks.", "layers."))
+    hidden = muon_params(model) if train["optimizer"] == "muon" else set()
     decays = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
-    rest = [p for n, p in named if not hidden(n, p)]
+    rest = [p for n, p in named if n not in hidden]
     groups = [dict(params=[p for p in rest if decays(p)], weight_decay=train["weight_decay"]),
               dict(params=[p for p in rest if not decays(p)], weight_decay=0.0)]
     betas = (train["beta1"], train["beta2"])
@@ -124,9 +125,27 @@ def make_optimizer(model, train, device):
         return Optimizers(adamw)
     if not hasattr(torch.optim, "Muon"):
         raise ValueError(f"--optimizer muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
-    muon = torch.optim.Muon([p for n, p in named if hidden(n, p)], lr=train["lr"],
+    muon = torch.optim.Muon([p for n, p in named if n in hidden], lr=train["lr"],
                             weight_decay=train["weight_decay"], adjust_lr_fn="match_rms_adamw")
     return Optimizers(adamw, muon)
+
+
+def muon_params(model):
+    """The names of the parameters Muon takes: the 2-D weights of the linear maps inside the blocks (nn.Linear,
+    and nn.LSTM's input and recurrent matrices), under `blocks.` (transformer, Mamba, MLP, linear attention) or
+    `layers.` (LSTM). Per model, Muon gets: transformer c_attn, c_proj, c_fc; Mamba in_proj, x_proj, dt_proj,
+    out_proj; LSTM weight_ih, weight_hh; MLP c_fc, c_proj; linear attention c_attn, c_beta, c_proj, c_fc.
+    AdamW keeps the embeddings, position tables, read-ins, heads, norms' gains, biases, convolutions,
+    per-head scalars, and every parameter marked `_no_weight_decay` (Mamba's A_log and D), which an
+    orthogonalised update would mix across state dimensions."""
+    names = set()
+    for mname, m in model.named_modules():
+        if not mname.startswith(("blocks.", "layers.")) or not isinstance(m, (torch.nn.Linear, torch.nn.LSTM)):
+            continue
+        for pname, p in m.named_parameters(recurse=False):
+            if p.dim() == 2 and pname.startswith(("weight",)) and not getattr(p, "_no_weight_decay", False):
+                names.add(f"{mname}.{pname}")
+    return names
 
 
 def get_lr(it, train):

@@ -100,15 +100,31 @@ def test_every_preset_curriculum_is_valid():
     assert ("quick", "regression") in found and ("cpu_paper_task", "recall") in found
 
 
-def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
-    cfg = presets.build_config("hmm", "transformer", "quick", dict(optimizer="muon", n_layer=1))
+MUON = {  # per model, the parameters of block 0 that Muon takes (every other block the same)
+    "transformer": {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"},
+    "mamba": {"mixer.in_proj.weight", "mixer.x_proj.weight", "mixer.dt_proj.weight", "mixer.out_proj.weight"},
+    "lstm": {"weight_ih_l0", "weight_hh_l0"},
+    "mlp": {"c_fc.weight", "c_proj.weight"},
+    "linear_attn": {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.1.c_fc.weight", "mlp.1.c_proj.weight"},
+}
+
+
+@pytest.mark.parametrize("model_name", list(MUON))
+def test_muon_takes_the_linear_weights_of_the_blocks_and_adamw_the_rest(model_name):
+    cfg = presets.build_config("recall", model_name, "quick", dict(optimizer="muon", n_layer=2))
     _, _, model, opt, _ = train.build(cfg, torch.device("cpu"))
     adamw, muon = opt.opts
     names = {id(p): n for n, p in model.named_parameters()}
     in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
-    assert in_muon == {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
-    assert {"wte.weight", "wpe.weight", "head.weight"} <= {names[id(p)] for g in adamw.param_groups for p in g["params"]}
-    assert len(in_muon) + sum(len(g["params"]) for g in adamw.param_groups) == len(names)
+    prefix = "layers." if model_name == "lstm" else "blocks."
+    assert in_muon == {f"{prefix}{i}.{n}" for i in range(2) for n in MUON[model_name]}
+    assert not any(n.endswith(("A_log", "D")) for n in in_muon)
+    in_adamw = {names[id(p)]: g["weight_decay"] for g in adamw.param_groups for p in g["params"]}
+    assert {"wte.weight"} <= set(in_adamw) and set(in_adamw).isdisjoint(in_muon)
+    assert len(in_muon) + len(in_adamw) == len(names)
+    if model_name == "mamba":  # in AdamW, without decay
+        assert {n: in_adamw[n] for n in in_adamw if n.endswith(("A_log", ".D"))} == \
+            {f"blocks.{i}.mixer.{k}": 0.0 for i in range(2) for k in ("A_log", "D")}
 
 
 def test_muon_needs_torch_2_9(monkeypatch, capsys):
