@@ -55,6 +55,9 @@ TRAIN = {  # name: (default, help); presets and flags override
     "curriculum": ("", "grow an integer task option while training, NAME=START: from START up to the task's value in "
                        "equal steps over --curriculum_iters (Garg et al. 2022), e.g. n_pairs=8 or d_active=2"),
     "curriculum_iters": (0, "steps over which --curriculum grows (0 = half of --max_iters)"),
+    "train_all_queries": (False, "recall: training sequences query every stored key, in random order, right after "
+                                 "the filler (Zoology's MQAR layout), so each trains n_pairs answers; evaluation "
+                                 "keeps the task's own queries"),
     "optimizer": ("adamw", "adamw | muon (torch.optim.Muon on the hidden weight matrices, AdamW on the rest)"),
     "lr": (1e-3, "peak learning rate"),
     "min_lr_ratio": (0.1, "final learning rate as a fraction of --lr (cosine decay)"),

@@ -46,7 +46,7 @@ Design decisions (formats follow the authors' released code where the paper is s
   (causal), is the k-hop successor of e. Each query's start is uniform over the chain positions
   with k successors; queries are independent (repeats possible).
 """
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 import math
 
 import torch
@@ -340,6 +340,7 @@ class Recall(Task):
     key_vocab: int = 256  # keys drawn without replacement from this many tokens
     value_vocab: int = 256  # values drawn without replacement from this many tokens
     filler: int = 32  # F filler tokens after the store section; F//2 between queries
+    query_gap: int = -1  # filler tokens between queries (-1 = filler // 2, the paper's layout)
 
     PAD, STORE, FILLER, QUERY, SEP = 0, 1, 2, 3, 4
 
@@ -348,6 +349,9 @@ class Recall(Task):
             v = getattr(self, k)
             check(isinstance(v, int) and v >= 1, f"recall: {k} must be an int >= 1, got {v}")
         check(isinstance(self.filler, int) and self.filler >= 0, f"recall: filler must be an int >= 0, got {self.filler}")
+        check(isinstance(self.query_gap, int) and self.query_gap >= -1,
+              f"recall: query_gap must be an int >= 0, or -1 for filler // 2; got {self.query_gap}")
+        self.gap = self.filler // 2 if self.query_gap == -1 else self.query_gap
         check(self.n_pairs <= min(self.key_vocab, self.value_vocab),
               f"recall: n_pairs={self.n_pairs} needs key_vocab and value_vocab >= n_pairs "
               f"(got {self.key_vocab}, {self.value_vocab})")
@@ -356,7 +360,7 @@ class Recall(Task):
         self.answer_offset = self.key_offset + self.key_vocab
         self.vocab_size = self.answer_offset + self.value_vocab
         self.n_classes = self.value_vocab
-        self.seq_len = 4 * self.n_pairs + self.filler + 3 * self.n_queries + (self.n_queries - 1) * (self.filler // 2)
+        self.seq_len = 4 * self.n_pairs + self.filler + 3 * self.n_queries + (self.n_queries - 1) * self.gap
 
     def sample(self, batch_size, generator=None):
         B, N, M, g = batch_size, self.n_pairs, self.n_queries, generator
@@ -367,14 +371,19 @@ class Recall(Task):
         store = torch.stack([col(self.STORE, N), keys + self.key_offset, col(self.SEP, N), vals + self.answer_offset], -1)
         parts = [store.view(B, 4 * N), col(self.FILLER, self.filler)]
         for i in range(M):
-            if i > 0:
-                parts.append(col(self.FILLER, self.filler // 2))
+            if i > 0 and self.gap:
+                parts.append(col(self.FILLER, self.gap))
             parts.append(torch.cat([col(self.QUERY), keys.gather(1, which[:, i:i + 1]) + self.key_offset, col(self.PAD)], 1))
         x = torch.cat(parts, 1)
-        answer = torch.full_like(x, IGNORE)  # read at the queried keys: 4N + F + 1, then every 3 + F/2 tokens
-        answer[:, 4 * N + self.filler + 1::3 + self.filler // 2] = vals.gather(1, which)
+        answer = torch.full_like(x, IGNORE)  # read at the queried keys: 4N + F + 1, then every 3 + gap tokens
+        answer[:, 4 * N + self.filler + 1::3 + self.gap] = vals.gather(1, which)
         # slot: the queried pair's place in the store (accuracy by slot tells forgetting from never binding)
         return Batch(x, answer, answer != IGNORE, dict(answer=answer, slot=which))
+
+    def all_queries(self):
+        """The training-only layout of --train_all_queries: every stored key queried once, in random order,
+        right after the filler (Zoology's MQAR, Arora et al. 2023), so a sequence trains n_pairs answers."""
+        return replace(self, n_queries=self.n_pairs, query_gap=0)
 
 
 # -----------------------------------------------------------------------------

@@ -59,9 +59,12 @@ def build(cfg, device):
         if "K" not in cfg["task_opts"] | task.options():
             raise ValueError(f"--eval_K needs a task with a K option (hmm, regression), not {cfg['task']!r}")
         eval_tasks[f"K{K}"] = make_task(cfg["task"], **(cfg["task_opts"] | {"K": K}))
+    if train["train_all_queries"] and cfg["task"] != "recall":
+        raise ValueError(f"--train_all_queries is an option of --task recall, not {cfg['task']!r}")
     Config, Model = MODELS[cfg["model"]]
     io = {k: getattr(task, k) for k in IO_FIELDS}
-    longest = max(t.seq_len for t in eval_tasks.values())
+    # training sequences (every key queried) can be longer than the evaluation's: the context fits both
+    longest = max([t.seq_len for t in eval_tasks.values()] + [task.all_queries().seq_len] * train["train_all_queries"])
     mc = {"block_size": longest} | cfg["model_opts"] | io
     if train["match_params"]:
         mc = match_width(cfg, Config, Model, mc, {"block_size": longest} | io)
@@ -324,7 +327,8 @@ class Batches:
     def __init__(self, task, train, device, rank, world):
         self.gen, self.n = data_source(train, device)
         self.B, self.device, self.rank, self.world = train["batch_size"], device, rank, world
-        self.stage = parse_curriculum(train["curriculum"], task, train) or (lambda it: task)
+        stage = parse_curriculum(train["curriculum"], task, train) or (lambda it: task)
+        self.stage = (lambda it: stage(it).all_queries()) if train["train_all_queries"] else stage
         self.chunk = self.chunk_state = None
 
     def get(self, it):

@@ -209,3 +209,31 @@ def test_a_training_step_on_the_gpu_never_waits_for_it(name, model):
         step(task.sample(8, gen))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_recall_training_layout_queries_every_stored_key_once_in_random_order():
+    task = tasks.make_task("recall", n_pairs=5, n_queries=2, key_vocab=9, value_vocab=9, filler=4)
+    every = task.all_queries()
+    assert (every.n_queries, every.gap, task.gap) == (5, 0, 2)
+    assert every.seq_len == 4 * 5 + 4 + 3 * 5 and every.seq_len > task.seq_len
+    b = every.sample(64, torch.Generator().manual_seed(0))
+    assert (b.x[:, 20:24] == task.FILLER).all()  # the filler, then the queries back to back
+    assert (b.x[:, 24::3] == task.QUERY).all() and (b.x[:, 26::3] == task.PAD).all()
+    assert b.mask.sum(1).eq(5).all() and b.mask[:, 25::3].all()
+    store_keys, store_vals = b.x[:, 1:20:4], b.x[:, 3:20:4] - task.answer_offset
+    for i in range(64):  # each stored key once; the answer is the value it was stored with
+        queried = b.x[i, 25::3]
+        assert sorted(queried.tolist()) == sorted(store_keys[i].tolist())
+        bound = {k: v for k, v in zip(store_keys[i].tolist(), store_vals[i].tolist())}
+        assert b.latent["answer"][i, 25::3].tolist() == [bound[k] for k in queried.tolist()]
+    orders = {tuple(s) for s in b.latent["slot"].tolist()}
+    assert len(orders) > 32  # random order, not the store's
+
+
+def test_recall_query_gap_places_the_queries():
+    task = tasks.make_task("recall", n_pairs=4, n_queries=3, key_vocab=8, value_vocab=8, filler=2, query_gap=5)
+    b = task.sample(8, torch.Generator().manual_seed(0))
+    assert task.seq_len == 16 + 2 + 9 + 2 * 5 == b.x.shape[1]
+    assert b.mask[:, 19::8].all() and b.mask.sum(1).eq(3).all() and (b.x[:, 21:26] == task.FILLER).all()
+    with pytest.raises(ValueError, match="query_gap must be an int >= 0, or -1"):
+        tasks.make_task("recall", query_gap=-2)

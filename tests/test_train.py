@@ -442,3 +442,22 @@ def test_ctrl_c_outside_a_run_is_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         train.cli(interrupted, "x.py", "nothing was written")
     assert e.value.code == 2 and capsys.readouterr().err == "x.py: error: interrupted; nothing was written\n"
+
+
+def test_train_all_queries_trains_on_every_key_and_evaluates_the_task(tmp_path):
+    argv = ["--task", "recall", "--n_pairs", "6", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8",
+            "--filler", "2", "--n_layer", "1", "--n_head", "2", "--d_model", "16", "--pos", "learned",
+            "--batch_size", "8", "--max_iters", "2", "--log_interval", "1", "--eval_samples", "20",
+            "--eval_samples_during", "20", "--train_all_queries", "--out_dir", str(tmp_path)]
+    cfg = presets.build_config("recall", "transformer", "quick", presets.parse_args(argv)[1])
+    task, evals, model, _, mc = train.build(cfg, torch.device("cpu"))
+    every = task.all_queries()
+    assert mc["block_size"] == every.seq_len > task.seq_len  # the learned table covers the longer training sequences
+    batches = train.Batches(task, cfg["train"], torch.device("cpu"), 0, 1)
+    batch, stage = batches.get(0)
+    assert stage == every and batch.mask.sum(1).eq(6).all() and evals["default"] == task
+    assert run_main(argv) == 0
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert r["task_options"]["n_queries"] == 2 and r["config"]["train"]["train_all_queries"]
+    with pytest.raises(ValueError, match="--train_all_queries is an option of --task recall"):
+        train.build(presets.build_config("hmm", "transformer", "quick", dict(train_all_queries=True)), torch.device("cpu"))
