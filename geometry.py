@@ -10,7 +10,8 @@ checkpoint, from --n_seq held-out sequences of the run's eval seed (those train.
 
 Definitions. Scored positions: the task's `mask` (bijection: every key; hmm: every observation).
 Hypothesis tokens: the answer tokens where answers are tokens (bijection: the V value tokens, the
-hypotheses pi(k), as in the authors' jlens code); hmm has no state tokens: its O observation symbols.
+hypotheses pi(k), as in the authors' jlens code; with --layout query the keys share them, so every
+token is one); hmm has no state tokens: its O observation symbols.
 - keys: per layer and head, the mean |cos| over the n(n-1) off-diagonal pairs of the hypothesis
   tokens' keys. `weight`: K = E W_K^T from the raw embedding rows (no position, norm or bias: the
   paper's statistic, a weight-space proxy beyond layer 0); `context`: the layer's actual keys, averaged

@@ -4,7 +4,8 @@ Exact Bayesian posterior predictives for every wind tunnel, entropies in bits, a
 `oracle(task, batch)` gives the posterior predictive at every scored position, computed in
 float64 from the batch's latent parameters and its context only:
 - bijection: a key seen before has a point mass on its value; an unseen key is uniform over
-  the values not yet used, so after t distinct pairs H = log2(V - t);
+  the values not yet used, so after t distinct pairs H = log2(V - t) (layout query: the final
+  query is a context key, a point mass);
 - hmm: the forward filter alpha_t(s) ∝ E(o_t | s) sum_s' T(s | s') alpha_{t-1}(s'), from a
   uniform alpha_0, in log space;
 - regression: the conjugate posterior Sigma_t = (X^T X / sigma^2 + I / tau^2)^-1,
@@ -51,15 +52,21 @@ def hmm_filter(trans, emit, obs):
 
 
 def bijection_posterior(task, batch):
-    """(B, L, V) posterior over pi(k_t) at each key position t."""
-    perm = batch.latent["perm"]
-    keys = batch.x[:, 0::2]  # (B, L)
-    vals = perm.gather(1, keys)
-    onehot = F.one_hot(vals, task.V).double()  # (B, L, V)
-    used = (onehot.cumsum(1) - onehot).clamp(max=1)  # values shown strictly before t
-    seen = ((keys.unsqueeze(2) == keys.unsqueeze(1)).tril(-1)).any(-1, keepdim=True)  # key shown before t
-    unseen = (1 - used) / (1 - used).sum(-1, keepdim=True)  # uniform over the unused values
-    return torch.where(seen, onehot, unseen)
+    """(B, Q, V) posterior over pi(k) at each scored key k, given the pairs shown before it: each of the
+    L keys after the pairs before it, then (layout query) the query q after all L pairs."""
+    perm, L = batch.latent["perm"], task.L
+    keys = batch.x[:, 0:2 * L:2]  # (B, L)
+    vals = F.one_hot(perm.gather(1, keys), task.V).double()  # (B, L, V) the value shown after each key
+    query, n_before = keys, torch.arange(L, device=keys.device)  # (B, Q) scored keys, (Q,) pairs shown before each
+    if task.layout == "query":
+        query, n_before = torch.cat([keys, batch.x[:, -1:]], 1), torch.cat([n_before, n_before[-1:] + 1])
+    shown = (torch.arange(L, device=keys.device) < n_before[:, None]).double()  # (Q, L): pair j shown before query i
+    used = torch.einsum("ql,blv->bqv", shown, vals).clamp(max=1)  # values shown before each query
+    match = (query.unsqueeze(2) == keys.unsqueeze(1)) * shown  # (B, Q, L): query i's key shown as pair j
+    seen = match.sum(-1, keepdim=True) > 0
+    point = torch.einsum("bql,blv->bqv", match, vals).clamp(max=1)  # a key seen twice shows the same value
+    unseen = (1 - used) / (1 - used).sum(-1, keepdim=True)  # uniform over the unused values: H = log2(V - t)
+    return torch.where(seen, point, unseen)
 
 
 def hmm_posterior(task, batch):
@@ -120,7 +127,11 @@ def check_batch(task, batch):
         ok = ok and x.dim() == 2 and not x.is_floating_point() and 0 <= x.min() and x.max() < task.vocab_size
     else:
         ok = ok and x.dim() == 3 and x.shape[2] == task.n_features
-    if not (ok and all(k in lat and tuple(lat[k].shape[1:]) == s for k, s in want.items())):
+    ok = ok and all(k in lat and tuple(lat[k].shape[1:]) == s for k, s in want.items())
+    if ok and task.name == "bijection":  # the two layouts can share a length: the values shown must be perm's
+        keys, vals = x[:, 0:2 * task.L:2], x[:, 1:2 * task.L:2] - task.answer_offset
+        ok = bool((keys < task.V).all()) and torch.equal(vals, lat["perm"].gather(1, keys[:, :vals.shape[1]]))
+    if not ok:
         opts = ", ".join(f"{k}={v}" for k, v in task.options().items())
         raise ValueError(f"oracle: the batch was not drawn from this task ({task.name}: {opts}); "
                          "sample it with task.sample")

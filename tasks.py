@@ -30,6 +30,10 @@ Design decisions (formats follow the authors' released code where the paper is s
   `k1 v1 k2 v2 ... kL`, every key position a query; L defaults to V-1 = 19 as in their
   analysed checkpoint (the position-only predictor, uniform over V, then scores
   mean_t log2(V / (V - t)) = 1.107 bits; L=V adds a final position that is always determined).
+  `layout=query` is the variant on which the paper measured its layer-0 frame (their
+  jlens/reconcile_frame_head.py): shared tokens 0..V-1, `k1 v1 ... kL vL q` with q drawn from the
+  context keys, every key and q scored, as their jlens/train_paired_variant.py trains it (labels on
+  the key positions; their paper1_bijection/train.py also labels each value position with itself).
 - hmm: the authors' header of probability tokens `[TRANS] T.. [EMIT] E.. [SEP]` then
   `[OBS] o1 [OBS] o2 ...`; rows ~ Dirichlet(1), by default floored at 0.05 and put on a
   2-decimal grid by the authors' procedure (`to_cents_grid`) so the header states the matrices
@@ -125,18 +129,32 @@ def uniform_choice_without_replacement(B, n, k, g):
 
 @dataclass
 class Bijection(Task):
-    """y at key k is its value pi(k) as a class index; the value's token is pi(k) + V.
-    Example (V=4, L=3; seed 0):
+    """y at key k is its value pi(k) as a class index. Two layouts:
+
+    separate (the default): keys are tokens 0..V-1 and values V..2V-1, `k1 v1 k2 v2 ... kL`, every key a
+    query. Example (V=4, L=3; seed 0):
 
         x    0 6 2 4 1
         mask 1 0 1 0 1
         y    2 . 0 . 3
 
-    Key 0 is followed by token 6, so pi(0) = 2; the last key's value (here 3) is never shown."""
+    Key 0 is followed by token 6, so pi(0) = 2; the last key's value (here 3) is never shown.
+
+    query: keys and values share the tokens 0..V-1, `k1 v1 ... kL vL q`, T = 2L+1: every key and the final
+    query q, a key drawn uniformly from the L context keys, are scored. Example (V=4, L=3, layout=query; seed 0):
+
+        x    0 2 2 0 1 3 2
+        mask 1 0 1 0 1 0 1
+        y    2 . 0 . 3 . 0
+
+    The query is key 2, shown with value 0 at positions 2-3, so its posterior is a point mass."""
     name = "bijection"
     V: int = 20  # size of the key and value alphabets; pi is a permutation of range(V)
-    L: int = None  # number of key positions (queries); None means V-1
+    L: int = None  # number of key positions; None means V-1
     with_replacement: bool = False  # keys drawn with replacement (seen keys become 0-bit queries)
+    layout: str = "separate"  # separate: k1 v1 .. kL, values V..2V-1; query: k1 v1 .. kL vL q, shared tokens 0..V-1
+
+    LAYOUTS = ("separate", "query")
 
     def __post_init__(self):
         check(isinstance(self.V, int) and self.V >= 2, f"bijection: V must be an int >= 2, got {self.V}")
@@ -145,10 +163,13 @@ class Bijection(Task):
         check(isinstance(self.L, int) and self.L >= 1, f"bijection: L must be an int >= 1, got {self.L}")
         check(self.with_replacement or self.L <= self.V,
               f"bijection: without replacement L must be <= V={self.V}, got L={self.L}")
-        self.vocab_size = 2 * self.V
+        check(self.layout in self.LAYOUTS, f"bijection: layout must be one of {', '.join(self.LAYOUTS)}, "
+                                           f"got {self.layout!r}")
+        query = self.layout == "query"
+        self.vocab_size = self.V if query else 2 * self.V
         self.n_classes = self.V
-        self.answer_offset = self.V
-        self.seq_len = 2 * self.L - 1
+        self.answer_offset = 0 if query else self.V  # the token of value 0
+        self.seq_len = 2 * self.L + 1 if query else 2 * self.L - 1
 
     def sample(self, batch_size, generator=None):
         B, V, L, dev = batch_size, self.V, self.L, device_of(generator)
@@ -159,10 +180,14 @@ class Bijection(Task):
             keys = uniform_choice_without_replacement(B, V, L, generator)
         vals = perm.gather(1, keys)
         x = torch.empty(B, 2 * L, dtype=torch.long, device=dev)
-        x[:, 0::2], x[:, 1::2] = keys, vals + V
-        x = x[:, :-1]  # the last value is never shown: its key is the last query
+        x[:, 0::2], x[:, 1::2] = keys, vals + self.answer_offset
         y = torch.full_like(x, IGNORE)
-        y[:, 0::2] = vals
+        y[:, 0::2] = vals  # each key's logits predict the value token after it
+        if self.layout == "query":  # append the query, a context key (uniform over the L positions), and its value
+            i = torch.randint(L, (B, 1), generator=generator, device=dev)
+            x, y = torch.cat([x, keys.gather(1, i)], 1), torch.cat([y, vals.gather(1, i)], 1)
+        else:
+            x, y = x[:, :-1], y[:, :-1]  # the last value is never shown: its key is the last query
         return Batch(x, y, y != IGNORE, dict(perm=perm))
 
 

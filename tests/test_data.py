@@ -22,6 +22,7 @@ SMALL = {"bijection": dict(V=6), "hmm": dict(n_states=3, n_obs=4, K=6), "regress
 EXAMPLES = {"bijection": dict(V=4, L=3), "hmm": dict(n_states=2, n_obs=2, K=2), "regression": dict(d=1, K=2),
             "recall": dict(n_pairs=2, n_queries=2, key_vocab=4, value_vocab=4, filler=2),
             "hop": dict(n_facts=4, depth=2, hops=2, mixed_hops=True, n_queries=2, n_entities=6)}
+MORE_EXAMPLES = [("bijection", dict(V=4, L=3, layout="query"))]  # a task's other options, shown beside the first
 
 
 def worked_example(task, seed=0):
@@ -38,14 +39,51 @@ def worked_example(task, seed=0):
     return "\n".join(f"{k:<5}" + " ".join(c.rjust(w) for c, w in zip(r, width)) for k, r in rows.items())
 
 
-@pytest.mark.parametrize("name", list(tasks.TASKS))
-def test_each_task_docstring_shows_what_its_sampler_draws(name):
-    opts, seed = EXAMPLES[name], 0
+@pytest.mark.parametrize("name, opts", [(name, EXAMPLES[name]) for name in tasks.TASKS] + MORE_EXAMPLES)
+def test_each_task_docstring_shows_what_its_sampler_draws(name, opts):
+    seed = 0
     doc = inspect.cleandoc(tasks.TASKS[name].__doc__)
     header = f"Example ({', '.join(f'{k}={v}' for k, v in opts.items())}; seed {seed}"
     assert header in " ".join(doc.split()), header
     block = "\n".join("    " + line for line in worked_example(tasks.make_task(name, **opts), seed).splitlines())
     assert block in doc, f"the {name} docstring should show\n{block}"
+
+
+@pytest.mark.parametrize("with_replacement", [False, True])
+def test_the_query_layout_draws_bijections_with_a_context_key_as_query(with_replacement):
+    V, L, B = 5, 4 if not with_replacement else 7, 3000
+    task = tasks.make_task("bijection", V=V, L=L, with_replacement=with_replacement, layout="query")
+    assert (task.vocab_size, task.n_classes, task.answer_offset, task.seq_len) == (V, V, 0, 2 * L + 1)
+    batch = task.sample(B, torch.Generator().manual_seed(0))
+    x, y, m, perm = batch.x, batch.y, batch.mask, batch.latent["perm"]
+    assert x.shape == y.shape == m.shape == (B, 2 * L + 1) and x.dtype == torch.long and perm.shape == (B, V)
+    assert (x >= 0).all() and (x < V).all()  # keys and values share the tokens 0..V-1
+    assert (perm.sort(-1).values == torch.arange(V)).all()  # each latent is a permutation
+    keys, vals, q = x[:, 0:2 * L:2], x[:, 1:2 * L:2], x[:, -1]
+    assert torch.equal(vals, perm.gather(1, keys))  # every pair shown is (k, pi(k))
+    if not with_replacement:
+        assert (keys.sort(-1).values.diff(dim=-1) > 0).all()  # distinct keys
+    scored = torch.zeros(2 * L + 1, dtype=torch.bool)
+    scored[0:2 * L:2], scored[-1] = True, True  # every key, then the query; never a value
+    assert (m == scored).all()
+    assert torch.equal(y[m].view(B, L + 1), torch.cat([vals, perm.gather(1, q[:, None])], 1))
+    assert (y[~m] == tasks.IGNORE).all()
+    hit = keys == q[:, None]
+    assert hit.any(1).all()  # the query is a context key ...
+    if not with_replacement:  # ... drawn uniformly from the L positions: each count within 5 standard errors
+        counts = torch.bincount(hit.float().argmax(1), minlength=L).double()
+        assert ((counts - B / L).abs() < 5 * math.sqrt(B / L * (1 - 1 / L))).all(), counts
+    again = task.sample(B, torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip((x, y, m, perm), (again.x, again.y, again.mask, again.latent["perm"])))
+    assert not torch.equal(x, task.sample(B, torch.Generator().manual_seed(1)).x)
+
+
+def test_the_bijection_layout_is_a_flag_and_a_typo_names_the_choices():
+    known, given, _ = presets.parse_args(["--task", "bijection", "--layout", "query"])
+    cfg = presets.build_config(known.task, known.model, known.preset, given)
+    assert cfg["task_opts"]["layout"] == "query" and tasks.make_task("bijection", **cfg["task_opts"]).vocab_size == 20
+    with pytest.raises(ValueError, match=r"^bijection: layout must be one of separate, query, got 'shared'$"):
+        tasks.make_task("bijection", layout="shared")
 
 
 def rounded_cents(row, floor=5):

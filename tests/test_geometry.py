@@ -38,6 +38,7 @@ def test_a_model_with_orthogonal_hypothesis_keys_scores_zero():
     model, task = tiny(), make_task("bijection", V=5)
     tokens = geometry.hypothesis_tokens(task)
     assert tokens.tolist() == [5, 6, 7, 8, 9]  # the value tokens
+    assert geometry.hypothesis_tokens(make_task("bijection", V=5, layout="query")).tolist() == [0, 1, 2, 3, 4]
     with torch.no_grad():  # value token 5 + i embeds as e_i + e_{8+i}; W_K = I: each head sees e_i
         model.wte.weight[5:10] = torch.eye(16, dtype=D)[:5] + torch.eye(16, dtype=D)[8:13]
         model.blocks[0].attn.c_attn.weight[16:32] = torch.eye(16, dtype=D)

@@ -14,30 +14,38 @@ def gen(seed=0):
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("opts", [dict(V=5, L=5), dict(V=4, L=3), dict(V=4, L=7, with_replacement=True)])
+@pytest.mark.parametrize("opts", [dict(V=5, L=5), dict(V=4, L=3), dict(V=4, L=7, with_replacement=True),
+                                  dict(V=5, L=5, layout="query"), dict(V=4, L=3, layout="query"),
+                                  dict(V=4, L=7, with_replacement=True, layout="query")])
 def test_bijection_against_enumerated_permutations(opts):
+    """Read off the context alone: a scored position holds a key, and the pairs before it are (x_j, x_j+1)."""
     task = make_task("bijection", **opts)
     batch = task.sample(8, gen(1))
     probs = oracle(task, batch)
-    V = task.V
+    V, off = task.V, task.answer_offset
+    assert probs.dtype == torch.float64 and (probs[~batch.mask] == 0).all()
     for b in range(8):
-        keys, vals = batch.x[b, 0::2].tolist(), (batch.x[b, 1::2] - V).tolist()
-        for t, k in enumerate(keys):
-            shown = list(zip(keys[:t], vals[:t]))
+        seq = batch.x[b].tolist()
+        scored = [t for t in range(len(seq)) if batch.mask[b, t]]
+        assert scored == list(range(0, 2 * task.L, 2)) + ([2 * task.L] if task.layout == "query" else [])
+        for t in scored:
+            k, shown = seq[t], [(seq[j], seq[j + 1] - off) for j in range(0, t - 1, 2)]
             consistent = [p for p in itertools.permutations(range(V)) if all(p[kk] == vv for kk, vv in shown)]
             brute = torch.zeros(V, dtype=torch.float64)
             for p in consistent:
                 brute[p[k]] += 1 / len(consistent)
-            assert torch.allclose(probs[b, 2 * t], brute, atol=1e-12)
+            assert torch.allclose(probs[b, t], brute, atol=1e-12)
+            assert batch.y[b, t] == batch.latent["perm"][b, k]  # the target is the key's value
     assert torch.allclose(probs[batch.mask].sum(-1), torch.ones(int(batch.mask.sum()), dtype=torch.float64))
 
 
-def test_bijection_entropy_curve_is_log2_V_minus_t():
-    task = make_task("bijection")  # V=20, L=19, without replacement
+@pytest.mark.parametrize("layout", ["separate", "query"])
+def test_bijection_entropy_curve_is_log2_V_minus_t(layout):
+    task = make_task("bijection", layout=layout)  # V=20, L=19, without replacement
     batch = task.sample(16, gen(2))
-    H = entropy_bits(oracle(task, batch)[batch.mask]).view(16, task.L)
-    expected = torch.tensor([math.log2(20 - t) for t in range(19)], dtype=torch.float64)
-    assert torch.allclose(H, expected.expand(16, -1), atol=1e-12)
+    H = entropy_bits(oracle(task, batch)[batch.mask]).view(16, -1)
+    expected = [math.log2(20 - t) for t in range(19)] + ([0.0] if layout == "query" else [])  # the query: seen
+    assert torch.allclose(H, torch.tensor(expected, dtype=torch.float64).expand(16, -1), atol=1e-12)
 
 
 @pytest.mark.parametrize("discretize", [True, False])
@@ -143,7 +151,8 @@ def test_metric_conventions_on_hand_made_outputs():
 
 
 def test_kl_is_zero_for_the_oracle_itself():
-    for name, opts in [("hmm", dict(K=6)), ("bijection", dict(V=6)), ("regression", dict(K=5))]:
+    for name, opts in [("hmm", dict(K=6)), ("bijection", dict(V=6)), ("bijection", dict(V=6, layout="query")),
+                       ("regression", dict(K=5))]:
         task = make_task(name, **opts)
         batch = task.sample(16, gen(8))
         if task.gaussian:
@@ -162,6 +171,8 @@ def test_gaussian_entropy_known_value():
 
 
 @pytest.mark.parametrize("name, opts", [("bijection", {}), ("bijection", dict(V=6, with_replacement=True)),
+                                        ("bijection", dict(layout="query")),
+                                        ("bijection", dict(V=6, with_replacement=True, layout="query")),
                                         ("hmm", {}), ("regression", {}), ("recall", {}), ("hop", {})])
 def test_sampled_answers_follow_the_oracles_distribution(name, opts):
     """If the data are drawn from the distribution the oracle conditions on, the oracle's log-loss on
@@ -223,6 +234,8 @@ def test_kl_and_bayes_accuracy_by_hand():
     (dict(name="hmm", n_states=4), dict(name="hmm", n_states=3)),
     (dict(name="regression", d=3), dict(name="regression", d=2)),
     (dict(name="bijection", V=5), dict(name="recall")),
+    (dict(name="bijection", V=5, L=4), dict(name="bijection", V=5, L=3, layout="query")),  # both 7 tokens
+    (dict(name="bijection", V=5, L=3, layout="query"), dict(name="bijection", V=5, L=4)),
 ])
 def test_oracle_refuses_a_batch_of_another_task(task, batch_of):
     task, other = make_task(**task), make_task(**batch_of)
