@@ -148,8 +148,8 @@ def silhouette_null(X, labels, n_perm=200, seed=0):
     s = silhouette_d(D, labels)
     null = torch.tensor([silhouette_d(D, labels[torch.randperm(len(labels), generator=g)]) for _ in range(n_perm)],
                         dtype=torch.float64)
-    return dict(silhouette=s, silhouette_null_mean=null.mean().item(),
-                silhouette_null_p95=null.quantile(0.95).item(), silhouette_p=(1 + (null >= s).sum().item()) / (1 + n_perm))
+    return dict(silhouette=s, silhouette_null_mean=null.mean().item(), silhouette_null_p95=null.quantile(0.95).item(),
+                silhouette_p=(1 + (null >= s).sum().item()) / (1 + n_perm))
 
 
 def kmeans(X, k, restarts=10, iters=300, seed=0):

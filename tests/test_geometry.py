@@ -162,7 +162,8 @@ def test_bijection_sites_label_a_value_with_the_preceding_keys_entropy():
     task = make_task("bijection", V=5)
     batch = task.sample(3, torch.Generator().manual_seed(0))
     H, pos, _ = geometry.site_labels(task, batch, "key")
-    assert pos[:5].tolist() == [0, 2, 4, 6] + [0] and torch.allclose(H[:4], torch.log2(torch.tensor([5., 4, 3, 2], dtype=D)))
+    assert pos[:5].tolist() == [0, 2, 4, 6, 0]  # row-major: the next sequence starts at t = 0
+    assert torch.allclose(H[:4], torch.log2(torch.tensor([5., 4, 3, 2], dtype=D)))
     H, pos, _ = geometry.site_labels(task, batch, "value")  # values at t = 1, 3, 5: H before each is seen
     assert pos[:3].tolist() == [1, 3, 5] and torch.allclose(H[:3], torch.log2(torch.tensor([5., 4, 3], dtype=D)))
     assert len(H) == 3 * 3
