@@ -2,51 +2,22 @@
 Geometric diagnostics of a trained wind-tunnel model (arXiv 2512.22471 §6-7, v3's architecture
 comparison): what the keys, queries, attention and representations look like inside.
 
-    python geometry.py all --ckpt out/hmm_transformer      # every diagnostic that applies
-    python geometry.py dynamics --ckpt out/dyn             # a run trained with --ckpt_schedule log
+    python geometry.py all --ckpt out/hmm_transformer         # every diagnostic that applies
+    python geometry.py clusters --ckpt out/hmm_mamba --K 15   # at the K of the authors' five-cluster figure
 
 Each writes geometry_<name>.json (the numbers) and .png (if matplotlib is installed) beside the
 checkpoint, from --n_seq held-out sequences of the run's eval seed (those train.py scores), in float64.
-
-Definitions. Scored positions: the task's `mask` (bijection: every key; hmm: every observation).
-Hypothesis tokens: the answer tokens where answers are tokens (bijection: the V value tokens, the
-hypotheses pi(k), as in the authors' jlens code; with --layout query the keys share them, so every
-token is one); hmm has no state tokens: its O observation symbols.
-- keys: per layer and head, the mean |cos| over the n(n-1) off-diagonal pairs of the hypothesis
-  tokens' keys. `weight`: K = E W_K^T from the raw embedding rows (no position, norm or bias: the
-  paper's statistic, a weight-space proxy beyond layer 0); `context`: the layer's actual keys, averaged
-  per token over its occurrences. Baselines: a fresh model from the run's seed (`init`); i.i.d.
-  Gaussian keys of the same n and d_head (`gaussian`, 200 draws). `embedding`: the statistic on the
-  embedding rows themselves (d_model dims). `--key_tokens vocab`: every token id (authors' qkv_analysis).
-- qk (Fig. 15): per layer, cos(q_t, k_j) averaged over heads, scored t, prior positions j < t (heatmap:
-  one sequence); mean cos, `spread` (std over j, mean over rows); attention entropy in bits over the
-  full row (mean over heads, rows, sequences) beside log2(#visible); attention mass on hypothesis tokens.
-- values (Figs. 16-17): representations at scored positions: `emb` (embedding), `L1`.. (residual after
-  l blocks), `final` (after the final norm: what the head reads), with attention `attn0`.. (block l's
-  att @ v, heads concatenated). PCA (SVD of the centred points): PC1 share, dims for 90%/95% of the
-  variance, |Pearson corr(PC1, H)| with H the oracle's posterior entropy, `probe_r2`: a least-squares
-  linear probe (with intercept) of H fitted on a random 80%, R^2 on the other 20% (< 0: worse than the
-  mean). The bijection's H = log2(V - t) depends on the position alone: a probe reads it off positions.
-- dynamics (frame-precision dissociation): for ckpt_*.pt and ckpt.pt of one run: entropy MAE;
-  attention similarity 1 - JS(att || att_final) in bits (scored rows, mean over heads and sequences);
-  layer-0 `weight` key |cos|; final-layer values metrics. Summary: the steps from which each layer's
-  similarity stays >= --settle and the key |cos| within 10% of its end value; the MAE's fall after.
-- ablate: entropy MAE (both conventions, oracles.Metrics) with each layer skipped (output = input),
-  each head masked (head_mask 0), and every head of a layer masked (the attention then adds only its
-  output projection's bias; with bias=False that is skipping the attention).
-- clusters (v3 "five clusters"; hmm): values plus the silhouette of the argmax filtering-posterior
-  state's clusters (Euclidean, top-10 PCs, --max_points points); PCA by state and by H.
-- belief (Shai et al. 2024, arXiv 2405.15943): is the whole posterior a linear function of the stream?
-  Target y: hmm, the filter's P(s_t | o_1..o_t); bijection, P(pi(k_t) = v); regression, the predictive
-  (mean, log var). Per layer (`emb`, `L1`.., `final`), of the trained model, of its initialisation and
-  of the token embeddings alone (wte(x_t)): a ridge probe y ~ X W + b fitted on the first half of the
-  sequences, scored on the second: pooled R^2 = 1 - sum|y - p|^2 / sum|y - mean y|^2, and the mean
-  KL(oracle || probe) in bits, with the probe clipped at 1e-6 and renormalised (regression: the
-  Gaussian KL). Ridge: lambda = alpha tr(Xc^T Xc) / d, alpha in 1e-8..10 the one with the least
-  squared error on the fitting half's second half when fitted on its first; then refitted on the half.
-  `constant`: the fitting half's mean belief, for scale. Figure: the final layer's held-out predictions
-  beside the truth (3 states: in the simplex, coloured by the true belief as RGB; else on the truth's
-  PC1-2), R^2 and KL per layer.
+Each diagnostic's function defines what it measures:
+- keys: how orthogonal the hypothesis tokens' keys are, in every variant of the paper and the authors' code;
+- qk (Fig. 15): query-key cosines and attention entropy by layer;
+- values (Figs. 16-17): PCA of the representations against posterior entropy H and position;
+- dynamics: frame against precision over one run's checkpoints (train with --ckpt_schedule log);
+- ablate: entropy MAE with layers and heads removed, and the authors' frame-head criterion;
+- clusters (v3 "five clusters"; hmm): the argmax-state clusters against permuted labels and k-means;
+- belief (Shai et al. 2024, arXiv 2405.15943): a linear probe of the whole posterior vector.
+Scored positions: the task's `mask` (bijection: every key; hmm: every observation). Hypothesis tokens:
+the answer tokens where answers are tokens (bijection: the V value tokens, the hypotheses pi(k), as in
+the authors' jlens code; with --layout query the keys share them); hmm has no state tokens: its O observation symbols.
 keys, qk, dynamics need softmax attention (transformer); values bijection or hmm; clusters hmm; belief a
 task with a posterior vector (bijection, hmm, regression); ablate runs on every model. A diagnostic that
 does not apply, or a missing checkpoint: a one-line error (exit 2).
@@ -110,12 +81,23 @@ def hypothesis_tokens(task, which="hypothesis"):
 # statistics (float64)
 
 
-def offdiag_abs_cos(K):
-    """(..., n, d) -> (...): mean |cos| over the n(n-1) off-diagonal pairs of the n rows."""
+def offdiag_cos(K, signed=False):
+    """(..., n, d) -> (...): the mean over the n(n-1) off-diagonal pairs of the n rows of their cosine
+    (signed) or its absolute value. Signed it is >= -1/(n-1), with equality exactly when the unit rows sum
+    to zero: |sum_i u_i|^2 = n + n(n-1) mean >= 0. Rows of zeros count as cos 0."""
     Kn = F.normalize(K, dim=-1)
-    C = (Kn @ Kn.transpose(-1, -2)).abs()
+    C = Kn @ Kn.transpose(-1, -2)
+    C = C if signed else C.abs()
     n = K.shape[-2]
     return (C.sum((-1, -2)) - C.diagonal(dim1=-2, dim2=-1).sum(-1)) / (n * (n - 1))
+
+
+offdiag_abs_cos = partial(offdiag_cos, signed=False)
+
+
+def abs_corr(a, b):
+    """|Pearson correlation| of two (n,) vectors (NaN if one is constant)."""
+    return torch.corrcoef(torch.stack([a, b]))[0, 1].abs().item()
 
 
 def pca(X):
@@ -135,30 +117,112 @@ def probe_r2(X, y, frac=0.8, seed=42):
     return (1 - resid.pow(2).sum() / (y[te] - y[te].mean()).pow(2).sum()).item()
 
 
+def pairwise(X):
+    """(n, n) Euclidean distances, exact: not by |x|^2 + |y|^2 - 2 x.y, which loses digits."""
+    return torch.cdist(X, X, compute_mode="donot_use_mm_for_euclid_dist")
+
+
 def silhouette(X, labels):
-    """Mean silhouette (b - a) / max(a, b): a = mean distance to the own cluster's other points,
-    b = the smallest mean distance to another cluster; 0 for points alone in their cluster."""
-    ks = labels.unique()  # a single cluster has no b: NaN
-    D = torch.cdist(X, X)
+    """Mean silhouette (b - a) / max(a, b) of points X (n, d), Euclidean: a = mean distance to the own
+    cluster's other points, b = the smallest mean distance to another cluster; 0 for points alone in their
+    cluster; NaN for a single cluster (no b)."""
+    return silhouette_d(pairwise(X), labels)
+
+
+def silhouette_d(D, labels):
+    """silhouette from the (n, n) distance matrix D."""
+    ks = labels.unique()
     own = labels[:, None] == ks[None, :]  # (n, k)
-    sums, sizes = D @ own.double(), own.sum(0)
+    sums, sizes = D @ own.to(D.dtype), own.sum(0)
     n_own = (own * sizes).sum(1)
     a = (sums * own).sum(1) / (n_own - 1).clamp(min=1)
     b = (sums / sizes).masked_fill(own, float("inf")).min(1).values
     return torch.where(n_own > 1, (b - a) / torch.maximum(a, b), torch.zeros_like(a)).mean().item()
 
 
-def manifold_stats(X, H, labels=None, max_points=3000, seed=42):
-    """PCA / entropy statistics of representations X (n, d) with entropies H (n,); see the docstring."""
+def silhouette_null(X, labels, n_perm=200, seed=0):
+    """The silhouette of the labels against the same with the labels permuted n_perm times (cluster sizes
+    kept, any tie to the points broken): the null's mean and 95th percentile, and the one-sided permutation
+    p-value (1 + #{null >= observed}) / (1 + n_perm)."""
+    D, g = pairwise(X), torch.Generator().manual_seed(seed)
+    s = silhouette_d(D, labels)
+    null = torch.tensor([silhouette_d(D, labels[torch.randperm(len(labels), generator=g)]) for _ in range(n_perm)],
+                        dtype=torch.float64)
+    return dict(silhouette=s, silhouette_null_mean=null.mean().item(), silhouette_null_p95=null.quantile(0.95).item(),
+                silhouette_p=(1 + (null >= s).sum().item()) / (1 + n_perm))
+
+
+def kmeans(X, k, restarts=10, iters=300, seed=0):
+    """Lloyd's k-means on X (n, d) from `restarts` k-means++ seedings of one seeded generator: the labels of
+    the restart with the least within-cluster sum of squares."""
+    g, best = torch.Generator().manual_seed(seed), (float("inf"), None)
+    for _ in range(restarts):
+        C = X[torch.randint(len(X), (1,), generator=g)]
+        for _ in range(k - 1):  # k-means++: the next centre with probability ~ squared distance to the nearest
+            d2 = torch.cdist(X, C).pow(2).min(1).values
+            C = torch.cat([C, X[torch.multinomial(d2 if d2.sum() > 0 else torch.ones_like(d2), 1, generator=g)]])
+        for _ in range(iters):
+            labels = torch.cdist(X, C).argmin(1)
+            new = torch.stack([X[labels == j].mean(0) if (labels == j).any() else C[j] for j in range(k)])
+            if torch.equal(new, C):
+                break
+            C = new
+        labels = torch.cdist(X, C).argmin(1)
+        sse = (X - C[labels]).pow(2).sum().item()
+        if sse < best[0]:
+            best = (sse, labels)
+    return best[1]
+
+
+def adjusted_rand_index(a, b):
+    """ARI of two labellings (n,) (Hubert & Arabie 1985): (sum_ij C(n_ij, 2) - E) / (M - E), n_ij the
+    contingency table, M = (sum_i C(a_i, 2) + sum_j C(b_j, 2)) / 2, E = sum_i C(a_i, 2) sum_j C(b_j, 2) / C(n, 2)
+    the index expected by chance. 1: the same partition under any renaming; ~0: independent labels."""
+    ai, bi = a.unique(return_inverse=True)[1], b.unique(return_inverse=True)[1]
+    N = torch.zeros(int(ai.max()) + 1, int(bi.max()) + 1, dtype=torch.float64)
+    N.index_put_((ai, bi), torch.ones(len(ai), dtype=torch.float64), accumulate=True)
+    pairs = lambda x: (x * (x - 1) / 2).sum()
+    index, sa, sb = pairs(N), pairs(N.sum(1)), pairs(N.sum(0))
+    expected = sa * sb / pairs(torch.tensor(float(len(a)), dtype=torch.float64))
+    if sa + sb == 2 * expected:  # both one cluster, or both all singletons: the same partition
+        return 1.0
+    return ((index - expected) / ((sa + sb) / 2 - expected)).item()
+
+
+def manifold_stats(X, H, labels=None, max_points=3000, seed=42, position=None):
+    """PCA statistics of representations X (n, d) with posterior entropies H (n,) in bits: PC1's (and PC2's)
+    share of the variance (SVD of the centred points), the PCs for 90% / 95% of it, `corr_pc1` =
+    |Pearson corr(PC1, H)|, `corr_pc1_position` = |corr(PC1, position)| (the token index t, if given), and
+    `probe_r2`: a least-squares linear probe of H (with intercept) fitted on a random 80%, R^2 on the other
+    20% (< 0: worse than the mean). With labels: their silhouette on the top-10 PCs of max_points points.
+    Returns them and the points' first two PC coordinates."""
     Z, share = pca(X)
     cum = share.cumsum(0)
     r = dict(pc1_share=share[0].item(), pc2_share=share[1].item() if len(share) > 1 else 0.0,
              dims_90=int((cum < 0.9 - 1e-9).sum()) + 1, dims_95=int((cum < 0.95 - 1e-9).sum()) + 1,
-             corr_pc1=torch.corrcoef(torch.stack([Z[:, 0], H]))[0, 1].abs().item(), probe_r2=probe_r2(X, H))
+             corr_pc1=abs_corr(Z[:, 0], H), probe_r2=probe_r2(X, H))
+    if position is not None:
+        r["corr_pc1_position"] = abs_corr(Z[:, 0], position.double())
     if labels is not None:
-        sub = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:max_points]
+        sub = subsample(len(X), max_points, seed)
         r["silhouette"] = silhouette(Z[sub, :10], labels[sub])
     return r, Z[:, :2]
+
+
+def subsample(n, max_points, seed=42):
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:max_points]
+
+
+def state_clusters(X, states, k, max_points=3000, n_perm=200, seed=42):
+    """Are there clusters, and are they the states? On the top-10 PCs of max_points of the points X (those
+    of the silhouette in manifold_stats): the silhouette of the argmax states against n_perm permutations of
+    them (silhouette_null); k-means with k clusters (kmeans): their adjusted Rand index against the states
+    (`kmeans_ari`) and their own silhouette (`kmeans_silhouette`: clusters that are not the states)."""
+    sub = subsample(len(X), max_points, seed)
+    Z = pca(X)[0][sub, :10]
+    km = kmeans(Z, k)
+    return silhouette_null(Z, states[sub], n_perm) | dict(
+        kmeans_k=k, kmeans_ari=adjusted_rand_index(km, states[sub]), kmeans_silhouette=silhouette(Z, km))
 
 
 def js_bits(p, q):
@@ -172,7 +236,10 @@ def js_bits(p, q):
 
 
 def key_frame(model, tokens, batch=None):
-    """(n_layer, H) mean |cos| of the hypothesis tokens' keys: weight-space, or in context from batch."""
+    """(n_layer, H) mean |cos| of the tokens' keys, and layer 0's keys (H, n, d). `weight` (batch None):
+    K = E W_K^T from the raw embedding rows (no position, norm or bias: the paper's statistic, a
+    weight-space proxy beyond layer 0); `context`: the layer's actual keys in the batch, averaged per token
+    over its occurrences (tokens that do not occur are left out)."""
     C, H = model.config.d_model, model.config.n_head
     if batch is None:
         E = model.wte.weight[tokens]  # (n, C) raw embedding rows
@@ -186,7 +253,64 @@ def key_frame(model, tokens, batch=None):
     return offdiag_abs_cos(K), K[0]
 
 
+# the variants of the key statistic: which tokens, what enters W_K, which statistic, how heads combine
+KEY_VARIANTS = dict(tokens=("hypothesis", "vocab"), input=("raw", "norm"), statistic=("abs", "signed"),
+                    heads=("mean", "min"))
+NAMED_VARIANTS = dict(  # where each variant comes from
+    ours=("hypothesis", "raw", "abs", "mean"),  # geometry.py's `weight`, the paper's text
+    qkv_analysis=("vocab", "raw", "signed", "mean"),  # the authors' qkv_analysis.py orthogonality
+    identify_frame_head=("hypothesis", "norm", "abs", "min"))  # the authors' jlens subspaces.py, layer 0
+
+
+def head_keys(model, tokens, layer, normed=False):
+    """(H, n, d_head): block `layer`'s keys of the embedding rows wte[tokens], without position (a token's
+    identity, as both of the authors' scripts take it) or W_K's bias (their models have none); `normed`:
+    through the block's own input norm ln_1 first, as the attention sees its input (jlens
+    identify_frame_head, at layer 0). Beyond layer 0 a weight-space proxy: the stream there is no embedding."""
+    C, block = model.config.d_model, model.blocks[layer]
+    E = model.wte.weight[tokens]  # (n, C)
+    E = block.ln_1(E) if normed else E
+    return rearrange(E @ block.attn.c_attn.weight[C:2 * C].T, "n (h d) -> h n d", h=model.config.n_head)
+
+
+def key_stat(K, statistic, heads):
+    """(..., H, n, d) -> (...): each head's offdiag_cos (`abs`: mean |cos|, `signed`: mean cos), then the mean
+    or the min over heads."""
+    s = offdiag_cos(K, signed=statistic == "signed")
+    return s.mean(-1) if heads == "mean" else s.min(-1).values
+
+
+def key_variants(model, init, task, n_draws=200):
+    """Every variant of the key statistic (KEY_VARIANTS), per layer, of the trained model and of its
+    initialisation, beside i.i.d. N(0, 1) keys of the same n tokens, d_head and n_head (`gaussian`: the same
+    statistic and head aggregation, mean over n_draws draws) and the signed statistic's floor -1/(n-1)."""
+    c, g, rows = model.config, torch.Generator().manual_seed(0), []
+    for tok in KEY_VARIANTS["tokens"]:
+        tokens = hypothesis_tokens(task, tok)
+        n = len(tokens)
+        G = torch.randn(n_draws, c.n_head, n, c.d_model // c.n_head, generator=g, dtype=torch.float64)
+        for inp in KEY_VARIANTS["input"]:
+            keys = {who: torch.stack([head_keys(m, tokens, l, inp == "norm") for l in range(c.n_layer)])
+                    for who, m in (("trained", model), ("init", init))}  # (n_layer, H, n, d)
+            for stat in KEY_VARIANTS["statistic"]:
+                per_head = {who: offdiag_cos(K, signed=stat == "signed") for who, K in keys.items()}  # (n_layer, H)
+                for heads in KEY_VARIANTS["heads"]:
+                    rows.append(dict(tokens=tok, input=inp, statistic=stat, heads=heads, n_tokens=n,
+                                     **{who: key_stat(K, stat, heads).tolist() for who, K in keys.items()},
+                                     gaussian=key_stat(G, stat, heads).mean().item(),
+                                     floor=-1 / (n - 1) if stat == "signed" else None,
+                                     min_head=per_head["trained"].argmin(1).tolist() if heads == "min" else None,
+                                     trained_per_head=per_head["trained"].tolist(),
+                                     init_per_head=per_head["init"].tolist()))
+    return rows
+
+
 def keys(model, task, batch, state, args):
+    """The hypothesis frame (§6.1): per layer and head, mean |cos| of the --key_tokens' keys, `weight` and
+    `context` (key_frame), of the trained model and of a fresh model from the run's seed (`init`), beside
+    i.i.d. Gaussian keys of the same n and d_head (`gaussian`, 200 draws); `embedding`: the statistic on the
+    embedding rows themselves (d_model dims). `variants`: every variant of the statistic (key_variants), and
+    `named`: layer 0 of those the paper's text and the authors' two scripts use."""
     tokens = hypothesis_tokens(task, args.key_tokens)
     init, d = build_model(state, trained=False), model.config.d_model // model.config.n_head
     stats = {}
@@ -199,11 +323,15 @@ def keys(model, task, batch, state, args):
     layers = [{f"{m}_{k}": stats[m][k][l].tolist() for m in stats for k in ("weight", "context")}
               | {f"{m}_{k}_mean": stats[m][k][l].mean().item() for m in stats for k in ("weight", "context")}
               for l in range(model.config.n_layer)]
+    variants = key_variants(model, init, task)
+    pick = lambda v: next(r for r in variants if (r["tokens"], r["input"], r["statistic"], r["heads"]) == v)
+    named = {name: dict(zip(KEY_VARIANTS, v)) | {k: pick(v)[k][0] for k in ("trained", "init")}
+             | {k: pick(v)[k] for k in ("gaussian", "floor", "n_tokens")} for name, v in NAMED_VARIANTS.items()}
     r = dict(tokens=args.key_tokens, n_tokens=len(tokens), d_head=d, gaussian=gauss(d).item(), layers=layers,
-             embedding=emb | dict(gaussian=gauss(model.config.d_model).item()))
+             embedding=emb | dict(gaussian=gauss(model.config.d_model).item()), named=named, variants=variants)
 
     def draw(plt):
-        fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
+        fig, ax = plt.subplots(1, 3, figsize=(19, 4.6), width_ratios=(1, 1, 1.6))
         h = int(stats["trained"]["weight"][0].argmin())
         Kn = F.normalize(stats["trained"]["K0"][h], dim=-1)
         im = ax[0].imshow((Kn @ Kn.T).numpy(), cmap="RdBu_r", vmin=-1, vmax=1)
@@ -216,11 +344,25 @@ def keys(model, task, batch, state, args):
         ax[1].axhline(r["gaussian"], color="k", ls="--", label=f"Gaussian keys, d={d}")
         ax[1].set(xlabel="layer", ylabel="mean |off-diagonal cos|", xticks=x, title="key orthogonality per layer")
         ax[1].legend(fontsize=8)
+        x, w = torch.arange(len(variants)), 0.27
+        for i, (k, colour) in enumerate((("trained", "tab:blue"), ("init", "tab:orange"), ("gaussian", "gray"))):
+            ax[2].bar(x + (i - 1) * w, [v[k][0] if k != "gaussian" else v[k] for v in variants], w, color=colour,
+                      label=f"{k} (Gaussian: keys of the head width)" if k == "gaussian" else k)
+        floors = [(i, v["floor"]) for i, v in enumerate(variants) if v["floor"] is not None]
+        ax[2].scatter(*zip(*floors), marker="_", s=300, color="k", label="floor -1/(n-1) of the signed mean", zorder=3)
+        ax[2].axhline(0, color="k", lw=0.5)
+        ax[2].set_xticks(x, ["\n".join(str(v[k])[:5] for k in KEY_VARIANTS) for v in variants], fontsize=6)
+        ax[2].set(ylabel="off-diagonal cos statistic", title="layer 0: tokens / input / statistic / over heads")
+        ax[2].legend(fontsize=7)
         return fig
     return r, draw
 
 
 def qk(model, task, batch, state, args):
+    """Progressive query-key alignment (Fig. 15): per layer, cos(q_t, k_j) averaged over heads, for scored t
+    and prior positions j < t (heatmap: one sequence); its mean and `spread` (std over j, mean over rows);
+    the attention entropy in bits over the full row (mean over heads, rows, sequences) beside log2(#visible);
+    the attention mass on the hypothesis tokens."""
     q_pos = batch.mask[0].nonzero().squeeze(1)  # scored positions, the same in every sequence
     prior = torch.arange(batch.x.shape[1])[None, :] < q_pos[:, None]  # (Q, T): j < t
     hyp = torch.isin(batch.x, hypothesis_tokens(task)).double()  # (B, T)
@@ -252,7 +394,9 @@ def qk(model, task, batch, state, args):
 
 
 def representations(model, batch):
-    """[(name, (N, d) representation at the scored positions)] for every layer."""
+    """[(name, (N, d) representation at the scored positions)]: `emb` (the embedding), `L1`.. (the residual
+    after l blocks), `final` (after the final norm: what the head reads), and with attention `attn0`..
+    (block l's att @ v, heads concatenated)."""
     _, inside = model(batch.x, return_internals=True)
     reps = [l["x"] for l in inside["layers"]] + [inside["final"]]
     names = ["emb"] + [f"L{i}" for i in range(1, len(reps) - 1)] + ["final"]
@@ -263,41 +407,104 @@ def representations(model, batch):
     return [(n, h[batch.mask]) for n, h in zip(names, reps)]
 
 
+def final_streams(model, x):
+    """(B, T, d) the last block's output before the final norm, and after it (what the head reads)."""
+    norm = model.ln_f if hasattr(model, "ln_f") else model.norm_f
+    seen = []
+    hook = norm.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    try:
+        _, inside = model(x, return_internals=True)
+    finally:
+        hook.remove()
+    return seen[0], inside["final"]
+
+
 def scored_entropy(task, batch):
     p = oracle(task, batch)[batch.mask]  # (N, C)
     return entropy_bits(p), p.argmax(-1)
 
 
+def sites(task, batch):
+    """{site: (B, T) mask} of the positions whose final representation is analysed: hmm, the observations
+    (scored); bijection, the keys (scored, even t) and the values (odd t)."""
+    if task.name != "bijection":
+        return dict(observation=batch.mask)
+    value = torch.zeros_like(batch.mask)
+    value[:, 1::2] = True
+    return dict(key=batch.mask, value=value)
+
+
+def site_labels(task, batch, site):
+    """(H, position, argmax state) at a site's positions: at a scored position its posterior's; at a bijection
+    value (t odd) the preceding key's, the entropy before that value is seen (the authors' label)."""
+    p = oracle(task, batch)  # (B, T, C), the scored positions filled
+    if site == "value":
+        p = torch.cat([torch.zeros_like(p[:, :1]), p[:, :-1]], 1)  # position t reads t - 1
+    m = sites(task, batch)[site]
+    return entropy_bits(p[m]), torch.arange(m.shape[1]).expand_as(m)[m], p[m].argmax(-1)
+
+
+def final_layer(model, task, batch, args, by_state=False):
+    """Per site (sites), the final layer's representation before and after the final norm: manifold_stats
+    (with |corr(PC1, position)|), `corr_h_position` = |corr(H, position)| (bijection: H = log2(V - k) is a
+    function of the position alone, so both correlations are high), and with by_state state_clusters."""
+    before, after = final_streams(model, batch.x)
+    out, coords = {}, {}
+    for site, m in sites(task, batch).items():
+        H, pos, states = site_labels(task, batch, site)
+        out[site] = dict(n_points=len(H), corr_h_position=abs_corr(H, pos.double()))
+        for name, X in (("before_norm", before[m]), ("after_norm", after[m])):
+            stats, coords[site, name] = manifold_stats(X, H, position=pos)  # state_clusters: the silhouette
+            if by_state:
+                stats |= state_clusters(X, states, task.n_states, args.max_points, args.n_perm)
+            out[site][name] = stats
+    return out, coords
+
+
 def manifold(model, task, batch, state, args, by_state=False):
-    """values (by_state=False) and clusters (True): the statistics per layer, and the PCA figure."""
+    """values (Figs. 16-17; by_state=False) and clusters (v3 "five clusters", hmm; by_state=True): per
+    representation (representations) at the scored positions, manifold_stats against the exact posterior
+    entropy H (with the argmax state's silhouette for clusters); `final_layer`: the final layer at every
+    site before and after the final norm (final_layer). Figure: PC1-2 of the points coloured by H (state)."""
     H, states = scored_entropy(task, batch)
+    pos = torch.arange(batch.x.shape[1]).expand_as(batch.mask)[batch.mask]
     layers, coords = {}, {}
     for name, X in representations(model, batch):
-        layers[name], coords[name] = manifold_stats(X, H, states if by_state else None, args.max_points)
-    sub = torch.randperm(len(H), generator=torch.Generator().manual_seed(0))[:args.max_points]
+        layers[name], coords[name] = manifold_stats(X, H, states if by_state else None, args.max_points, position=pos)
+    final, final_coords = final_layer(model, task, batch, args, by_state)
+    labels = {site: site_labels(task, batch, site) for site in final}
 
     def draw(plt):
-        panels = [(n, "H") for n in layers] if not by_state else [("final", "state"), ("final", "H")]
+        panels = [(n, "H") for n in layers] + [((s, b), "H") for s, b in final_coords] if not by_state else \
+            [(("observation", b), c) for b in ("after_norm", "before_norm") for c in ("state", "H")]
         cols = min(len(panels), 5)
         rows = (len(panels) + cols - 1) // cols
         fig, axs = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.3 * rows), squeeze=False)
         for ax, (name, colour) in zip(axs.flat, panels):
-            Z, s = coords[name][sub].numpy(), layers[name]
-            if colour == "state":
-                pts = ax.scatter(Z[:, 0], Z[:, 1], c=states[sub].numpy(), s=2, cmap="tab10", vmin=0, vmax=9)
-                ax.legend(*pts.legend_elements(), title="state", fontsize=7)
-                title = f"{state['config']['model']} {name}, by argmax state\nsilhouette {s['silhouette']:.2f}"
+            if isinstance(name, tuple):  # (site, before/after the final norm)
+                (h, _, st), s = labels[name[0]], final[name[0]][name[1]]
+                Z, label = final_coords[name], f"{name[0]}s, final layer {name[1].replace('_', ' ')}"
             else:
-                sc = ax.scatter(Z[:, 0], Z[:, 1], c=H[sub].numpy(), s=2, cmap="RdYlBu_r",
+                h, st, s, Z, label = H, states, layers[name], coords[name], name
+            sub = subsample(len(Z), args.max_points, 0)
+            Z, h, st = Z[sub].numpy(), h[sub], st[sub]
+            if colour == "state":
+                pts = ax.scatter(Z[:, 0], Z[:, 1], c=st.numpy(), s=2, cmap="tab10", vmin=0, vmax=9)
+                ax.legend(*pts.legend_elements(), title="state", fontsize=7)
+                title = (f"{state['config']['model']} {label}, by argmax state\nsilhouette {s['silhouette']:.2f}"
+                         + (f" (null p95 {s['silhouette_null_p95']:.2f}), k-means ARI {s['kmeans_ari']:.2f}"
+                            if "kmeans_ari" in s else ""))
+            else:
+                sc = ax.scatter(Z[:, 0], Z[:, 1], c=h.numpy(), s=2, cmap="RdYlBu_r",
                                 vmin=H.quantile(0.02).item(), vmax=H.quantile(0.98).item())
-                title = (f"{name}: PC1 {100 * s['pc1_share']:.1f}%\n"
-                         f"|corr(PC1,H)| {s['corr_pc1']:.2f}, R2 {s['probe_r2']:.2f}")
-            ax.set_title(title, fontsize=8)
+                title = (f"{label}: PC1 {100 * s['pc1_share']:.1f}%, R2 {s['probe_r2']:.2f}\n"
+                         f"|corr(PC1,H)| {s['corr_pc1']:.2f}, |corr(PC1,t)| {s['corr_pc1_position']:.2f}")
+            ax.set_title(title, fontsize=7)
         for ax in list(axs.flat)[len(panels):]:
             ax.axis("off")
         fig.colorbar(sc, ax=axs, label="posterior entropy H (bits)")
         return fig
-    return dict(layers=layers), draw
+    return dict(layers=layers, final_layer=final), draw
 
 
 def entropy_mae(model, task, batch, **kw):
@@ -307,32 +514,73 @@ def entropy_mae(model, task, batch, **kw):
     return {k: v for k, v in m.result(task).items() if not isinstance(v, list) and k != "n_sequences"}
 
 
+def concentration(delta):
+    """The frame-head criterion of the authors' jlens reconcile_frame_head.py: the heads {"L{l}H{h}": damage},
+    damage = entropy MAE with the head masked - without, ranked over every layer: the top and second heads,
+    `top_over_second` = top / max(second, 1e-9), a `single_head_concentrated` top when >= 2, the heads above
+    half the top's damage, and layer 0's top (`l0_top`); the same ratio within layer 0 (`l0_*`)."""
+    rank = lambda heads: sorted(heads, key=delta.get, reverse=True)
+    out = {}
+    for prefix, ranked in (("", rank(delta)), ("l0_", rank([h for h in delta if h.startswith("L0H")]))):
+        top, second = ranked[0], ranked[1] if len(ranked) > 1 else None
+        ratio = delta[top] / max(delta[second], 1e-9) if second else None
+        out |= {f"{prefix}top_head": top, f"{prefix}top_delta": delta[top], f"{prefix}second_head": second,
+                f"{prefix}second_delta": delta[second] if second else None, f"{prefix}top_over_second": ratio,
+                f"{prefix}single_head_concentrated": bool(second and delta[top] >= 2 * delta[second])}
+    return out | dict(n_heads_above_half_top=sum(v > 0.5 * out["top_delta"] for v in delta.values()),
+                      l0_top=out["l0_top_head"])
+
+
 def ablate(model, task, batch, state, args):
+    """Entropy MAE (both conventions, oracles.Metrics) with each layer skipped (output = input), each head
+    masked (head_mask 0: the head's attention weights times 0) and every head of a layer masked (the attention
+    then adds only its output projection's bias; with bias=False that is skipping the attention). `frame`
+    (models with heads): the per-token MAE's increase per masked head and its concentration; with
+    hypothesis keys also layer 0's most orthogonal head (jlens identify_frame_head: normed, mean |cos|)."""
     c = model.config
     base = entropy_mae(model, task, batch)
     rows = [dict(ablation=f"skip L{l}", **entropy_mae(model, task, batch, skip_layers={l})) for l in range(c.n_layer)]
+    delta = {}
     if hasattr(c, "n_head"):  # models with a head_mask (transformer, linear_attn)
         for l, h in [(l, h) for l in range(c.n_layer) for h in [*range(c.n_head), None]]:
             mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
             mask[l, slice(None) if h is None else h] = 0
             name = f"mask L{l} all heads" if h is None else f"mask L{l}H{h}"
             rows.append(dict(ablation=name, **entropy_mae(model, task, batch, head_mask=mask)))
+            if h is not None:
+                delta[f"L{l}H{h}"] = rows[-1]["mae_token"] - base["mae_token"]
     for row in rows:
         row.update(ratio_token=row["mae_token"] / base["mae_token"], ratio_curve=row["mae_curve"] / base["mae_curve"])
     r = dict(baseline=base, ablations=rows)
+    if delta:
+        r["frame"] = dict(metric="mae_token", delta_mae=delta, **concentration(delta))
+        if state["config"]["model"] in ATTENTION and not why_not("keys", state["config"], args.ckpt):
+            scores = offdiag_cos(head_keys(model, hypothesis_tokens(task), 0, normed=True))
+            r["frame"] |= dict(frame_head_by_orthogonality=f"L0H{int(scores.argmin())}",
+                               orthogonality_scores=scores.tolist())
 
     def draw(plt):
         fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(rows)), 4))
         ax.bar(range(len(rows)), [row["mae_token"] for row in rows], color="tab:red")
         ax.axhline(base["mae_token"], color="k", ls="--", label=f"intact: {base['mae_token']:.4f} bits")
         ax.set_xticks(range(len(rows)), [row["ablation"] for row in rows], rotation=90, fontsize=7)
-        ax.set(yscale="log", ylabel="entropy MAE per token (bits)", title="ablations")
+        title = "ablations"
+        if delta:
+            f = r["frame"]
+            title += (f"; most damaging head {f['top_head']} (+{f['top_delta']:.4f} bits), "
+                      + (f"{f['top_over_second']:.2f}x the next ({f['second_head']})" if f["second_head"] else ""))
+        ax.set(yscale="log", ylabel="entropy MAE per token (bits)", title=title)
         ax.legend()
         return fig
     return r, draw
 
 
 def dynamics(model, task, batch, state, args):
+    """The frame-precision dissociation, over ckpt_*.pt and ckpt.pt of one run: the entropy MAE; attention
+    similarity 1 - JS(att || att_final) in bits (scored rows, mean over heads and sequences) per layer; layer
+    0's `weight` key mean |cos| (key_frame); the final layer's manifold_stats. Summary: the steps from which
+    each layer's similarity stays >= --settle and the key |cos| within 10% of its end value; the MAE's fall
+    after them."""
     H, _ = scored_entropy(task, batch)
     q_pos = batch.mask[0].nonzero().squeeze(1)
     maps = lambda inside: [l["att"][:, :, q_pos] for l in inside["layers"]]  # (B, H, Q, T) per layer
@@ -430,6 +678,14 @@ def belief_kl(task, Y, P):
 
 
 def belief(model, task, batch, state, args):
+    """Is the whole posterior a linear function of the stream (Shai et al. 2024)? Target y: hmm, the filter's
+    P(s_t | o_1..o_t); bijection, P(pi(k_t) = v); regression, the predictive (mean, log var). Per layer
+    (`emb`, `L1`.., `final`), of the trained model, of its initialisation and of the token embeddings alone
+    (wte(x_t)): a ridge probe y ~ X W + b (probe, ridge) fitted on the first half of the sequences, scored
+    on the second: pooled R^2 (r2), and the mean KL(oracle || probe) in bits (belief_kl). `constant`: the
+    fitting half's mean belief, for scale. Figure: the final layer's held-out predictions beside the truth
+    (3 states: in the simplex, coloured by the true belief as RGB; else on the truth's PC1-2), R^2 and KL
+    per layer."""
     B = len(batch.x)
     if B < 4:
         raise ValueError("belief needs --n_seq >= 4: sequences to fit, to choose the ridge strength and to score")
@@ -540,13 +796,20 @@ def main(argv=None):
     p.add_argument("--key_tokens", default="hypothesis", choices=("hypothesis", "vocab"),
                    help="keys: the hypothesis tokens (paper) or every token id (authors' qkv_analysis)")
     p.add_argument("--settle", type=float, default=0.95, help="dynamics: attention similarity that counts as settled")
+    p.add_argument("--K", type=int, default=None,
+                   help="hmm: observations per sequence (default: the run's; the authors' five-cluster figure: 15)")
+    p.add_argument("--n_perm", type=int, default=200, help="clusters: label permutations in the silhouette's null")
     p.add_argument("--no_plot", action="store_true", help="write the JSON only")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        if args.n_seq < 2 or args.max_points < 2:
-            raise ValueError("--n_seq and --max_points must be >= 2")
+        if args.n_seq < 2 or args.max_points < 2 or args.n_perm < 1:
+            raise ValueError("--n_seq and --max_points must be >= 2, --n_perm >= 1")
         model, task, state = load(args.ckpt)
         cfg, path = state["config"], ckpt_path(args.ckpt)
+        if args.K is not None:
+            if cfg["task"] != "hmm":
+                raise ValueError(f"--K applies to hmm checkpoints only, not {cfg['task']!r}")
+            task = make_task("hmm", **cfg["task_opts"] | dict(K=args.K))
         names = [n for n in DIAGNOSTICS if args.diagnostic in (n, "all") and not why_not(n, cfg, args.ckpt)]
         if args.diagnostic != "all" and why_not(args.diagnostic, cfg, args.ckpt):
             raise ValueError(why_not(args.diagnostic, cfg, args.ckpt))
@@ -565,7 +828,7 @@ def main(argv=None):
                 r, draw = RUN[n](model, task, batch, state, args)
             base = os.path.join(os.path.dirname(path), f"geometry_{n}" + ("" if stem == "ckpt" else f"_{stem}"))
             head = dict(diagnostic=n, ckpt=path, task=cfg["task"], model=cfg["model"], iter=state["iter"],
-                        n_seq=args.n_seq, seed=seed)
+                        n_seq=args.n_seq, seed=seed) | (dict(K=task.K) if task.name == "hmm" else {})
             write_json(base + ".json", to_json(head | r))
             if plt is not None:
                 fig = draw(plt)

@@ -46,6 +46,79 @@ def test_a_model_with_orthogonal_hypothesis_keys_scores_zero():
     assert cos.shape == (2, 2) and cos[0].abs().max() < 1e-12 and cos[1].min() > 0
 
 
+def test_signed_cosine_floor_and_orthonormal_rows():
+    n = 20
+    U = torch.eye(n, dtype=D) - 1 / n  # the rows sum to zero and have equal norms: a regular simplex
+    U = U * (1 + torch.rand(n, 1, dtype=D))  # lengths do not matter to a cosine
+    assert abs(geometry.offdiag_cos(U, signed=True).item() + 1 / (n - 1)) < 1e-12  # -0.0526: the floor
+    assert abs(geometry.offdiag_cos(U).item() - 1 / (n - 1)) < 1e-12
+    Q, _ = torch.linalg.qr(torch.randn(32, 32, dtype=D))
+    assert abs(geometry.offdiag_cos(Q[:n], signed=True).item()) < 1e-12 and geometry.offdiag_cos(Q[:n]).item() < 1e-12
+    G = torch.randn(500, n, 8, dtype=D)  # any rows stay above the floor
+    assert (geometry.offdiag_cos(G, signed=True) >= -1 / (n - 1) - 1e-12).all()
+
+
+@pytest.mark.parametrize("d, want", [(32, 0.141), (96, 0.082), (192, 0.058)])
+def test_gaussian_keys_mean_abs_cos(d, want):  # about sqrt(2 / (pi d)): the Gaussian baselines' scale
+    G = torch.randn(200, 20, d, generator=torch.Generator().manual_seed(0), dtype=D)
+    assert abs(geometry.offdiag_cos(G).mean().item() - want) < 0.003
+
+
+def by_hand_key_stat(model, tokens, layer, normed, signed, heads):
+    """The key statistic written out with python loops, float64."""
+    C, H = model.config.d_model, model.config.n_head
+    d, block = C // H, model.blocks[layer]
+    E = model.wte.weight[tokens].detach().clone()
+    if normed:
+        ln = block.ln_1
+        if isinstance(ln, nn.LayerNorm):
+            E = (E - E.mean(1, keepdim=True)) / (E.var(1, unbiased=False, keepdim=True) + ln.eps).sqrt()
+            E = E * ln.weight + (ln.bias if ln.bias is not None else 0)
+        else:
+            E = E / (E.pow(2).mean(1, keepdim=True) + ln.eps).sqrt() * ln.weight
+    Wk = block.attn.c_attn.weight[C:2 * C]
+    per_head = []
+    for h in range(H):
+        K = (E @ Wk[h * d:(h + 1) * d].T).tolist()
+        cos = [sum(a * b for a, b in zip(K[i], K[j])) / math.sqrt(sum(a * a for a in K[i]) * sum(b * b for b in K[j]))
+               for i in range(len(K)) for j in range(len(K)) if i != j]
+        per_head.append(sum(c if signed else abs(c) for c in cos) / len(cos))
+    return sum(per_head) / H if heads == "mean" else min(per_head)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_every_key_variant_by_hand(norm):
+    model, init, task = tiny(norm=norm), tiny(norm=norm), make_task("bijection", V=5)
+    with torch.no_grad():  # a trained-looking norm, and an init that differs from the model
+        for m in (model, init):
+            for p in m.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    rows = geometry.key_variants(model, init, task, n_draws=4)
+    assert len(rows) == 16 and {(r["tokens"], r["n_tokens"]) for r in rows} == {("hypothesis", 5), ("vocab", 10)}
+    for r in rows:
+        tokens = geometry.hypothesis_tokens(task, r["tokens"])
+        for who, m in (("trained", model), ("init", init)):
+            for layer in range(2):
+                want = by_hand_key_stat(m, tokens, layer, r["input"] == "norm", r["statistic"] == "signed", r["heads"])
+                assert abs(r[who][layer] - want) < 1e-12, (r, who, layer)
+        assert r["floor"] == (-1 / (r["n_tokens"] - 1) if r["statistic"] == "signed" else None)
+        assert r["gaussian"] >= (r["floor"] or 0) - 1e-12
+
+
+def test_keys_named_variants_are_the_authors_statistics(runs):
+    assert geometry_main(["keys", "--ckpt", runs["bij"], "--n_seq", "8", "--no_plot"]) == 0
+    k = read(runs["bij"], "keys")
+    assert len(k["variants"]) == 16 and set(k["named"]) == {"ours", "qkv_analysis", "identify_frame_head"}
+    q, f = k["named"]["qkv_analysis"], k["named"]["identify_frame_head"]
+    assert (q["tokens"], q["n_tokens"], q["floor"]) == ("vocab", 12, -1 / 11)
+    model, task, _ = geometry.load(runs["bij"])
+    with torch.no_grad():
+        assert abs(q["trained"] - by_hand_key_stat(model, torch.arange(12), 0, False, True, "mean")) < 1e-12
+        assert abs(f["trained"] - by_hand_key_stat(model, torch.arange(6, 12), 0, True, False, "min")) < 1e-12
+    assert abs(k["named"]["ours"]["trained"] - k["layers"][0]["trained_weight_mean"]) < 1e-12  # the old statistic
+    assert abs(f["init"] - min(k["variants"][5]["init_per_head"][0])) < 1e-12
+
+
 def test_pca_shares_and_dimensions():
     X = torch.tensor([[3, 0, 0], [-3, 0, 0], [0, 2, 0], [0, -2, 0], [0, 0, 1], [0, 0, -1]], dtype=D)
     _, share = geometry.pca(X)
@@ -73,6 +146,95 @@ def test_silhouette_by_hand():
     assert geometry.silhouette(torch.tensor([[0.0], [1.0], [5.0]], dtype=D), torch.tensor([0, 0, 1])) == \
         pytest.approx(((5 - 1) / 5 + (4 - 1) / 4 + 0) / 3)  # a point alone in its cluster scores 0
     assert math.isnan(geometry.silhouette(X, torch.zeros(4, dtype=torch.long)))  # one cluster: undefined
+
+
+def test_pc1_of_a_representation_linear_in_position():
+    g = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 40, (500,), generator=g)
+    a, b = torch.randn(1, 6, generator=g, dtype=D), torch.randn(6, generator=g, dtype=D)
+    H = torch.rand(500, generator=g, dtype=D)  # unrelated to the position
+    r, _ = geometry.manifold_stats(pos[:, None] * a + b, H, position=pos)
+    assert abs(r["corr_pc1_position"] - 1) < 1e-12 and r["corr_pc1"] < 0.15
+    r, _ = geometry.manifold_stats(H[:, None] * a + b, H, position=pos)
+    assert abs(r["corr_pc1"] - 1) < 1e-12 and r["corr_pc1_position"] < 0.15
+
+
+def test_bijection_sites_label_a_value_with_the_preceding_keys_entropy():
+    task = make_task("bijection", V=5)
+    batch = task.sample(3, torch.Generator().manual_seed(0))
+    H, pos, _ = geometry.site_labels(task, batch, "key")
+    assert pos[:5].tolist() == [0, 2, 4, 6, 0]  # row-major: the next sequence starts at t = 0
+    assert torch.allclose(H[:4], torch.log2(torch.tensor([5., 4, 3, 2], dtype=D)))
+    H, pos, _ = geometry.site_labels(task, batch, "value")  # values at t = 1, 3, 5: H before each is seen
+    assert pos[:3].tolist() == [1, 3, 5] and torch.allclose(H[:3], torch.log2(torch.tensor([5., 4, 3], dtype=D)))
+    assert len(H) == 3 * 3
+
+
+@pytest.mark.parametrize("model", ["transformer", "mamba", "lstm", "mlp", "linear_attn"])
+def test_the_stream_before_the_final_norm(model):
+    Config, Model = geometry.MODELS[model]
+    torch.manual_seed(0)
+    m = Model(Config(vocab_size=10, n_classes=5, answer_offset=5, block_size=9, n_layer=2, d_model=16)).double().eval()
+    x = torch.randint(10, (2, 9))
+    with torch.no_grad():
+        before, after = geometry.final_streams(m, x)
+        norm = m.ln_f if hasattr(m, "ln_f") else m.norm_f
+        assert torch.allclose(norm(before), after, atol=1e-12) and not torch.allclose(before, after)
+        _, inside = m(x, return_internals=True)
+        assert torch.equal(after, inside["final"])
+
+
+def test_adjusted_rand_index():
+    a = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    assert geometry.adjusted_rand_index(a, a) == pytest.approx(1)
+    assert geometry.adjusted_rand_index(a, torch.tensor([2, 1, 0])[a]) == pytest.approx(1)  # renamed clusters
+    assert geometry.adjusted_rand_index(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 0, 1, 2])) == pytest.approx(4 / 7)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(5, (20000,), generator=g), torch.randint(5, (20000,), generator=g)
+    assert abs(geometry.adjusted_rand_index(x, y)) < 0.005  # independent: chance level
+
+
+def test_silhouette_against_brute_force():
+    g = torch.Generator().manual_seed(0)
+    X, labels = torch.randn(40, 3, generator=g, dtype=D), torch.randint(3, (40,), generator=g)
+    labels[0] = 3  # one point alone in its cluster: 0
+    dist = lambda i, j: math.dist(X[i].tolist(), X[j].tolist())
+    s = []
+    for i in range(40):
+        own = [j for j in range(40) if labels[j] == labels[i] and j != i]
+        if not own:
+            s.append(0.0)
+            continue
+        a = sum(dist(i, j) for j in own) / len(own)
+        b = min(sum(dist(i, j) for j in range(40) if labels[j] == k) / (labels == k).sum().item()
+                for k in labels.unique().tolist() if k != labels[i])
+        s.append((b - a) / max(a, b))
+    assert abs(geometry.silhouette(X, labels) - sum(s) / 40) < 1e-12
+
+
+def test_planted_clusters_beat_the_null_and_k_means_finds_them():
+    g = torch.Generator().manual_seed(0)
+    states = torch.arange(5).repeat(60)
+    centres = 10 * torch.randn(5, 4, generator=g, dtype=D)
+    X = centres[states] + torch.randn(300, 4, generator=g, dtype=D)
+    r = geometry.silhouette_null(X, states, n_perm=50)
+    assert r["silhouette"] > 0.5 and r["silhouette_p"] == 1 / 51 and r["silhouette_null_p95"] < 0.05
+    assert geometry.adjusted_rand_index(geometry.kmeans(X, 5), states) == pytest.approx(1)
+    r = geometry.silhouette_null(X, states[torch.randperm(300, generator=g)], n_perm=50)  # labels unrelated
+    assert r["silhouette_p"] > 0.05 and abs(r["silhouette"] - r["silhouette_null_mean"]) < 0.05
+    c = geometry.state_clusters(X, states, 5, max_points=200, n_perm=20)
+    assert c["kmeans_ari"] == pytest.approx(1) and c["kmeans_k"] == 5 and c["silhouette_p"] == 1 / 21
+
+
+def test_frame_head_concentration():
+    delta = {"L0H0": 0.1, "L0H1": 0.4, "L1H0": 0.15, "L1H1": 0.05}
+    c = geometry.concentration(delta)
+    assert (c["top_head"], c["second_head"], c["l0_top"], c["l0_second_head"]) == ("L0H1", "L1H0", "L0H1", "L0H0")
+    assert c["top_over_second"] == pytest.approx(0.4 / 0.15) and c["l0_top_over_second"] == pytest.approx(4)
+    assert c["single_head_concentrated"] and c["n_heads_above_half_top"] == 1
+    c = geometry.concentration({"L0H0": 0.1, "L0H1": 0.09, "L1H0": 0.3})
+    assert c["top_head"] == "L1H0" and c["l0_top"] == "L0H0" and not c["l0_single_head_concentrated"]
+    assert c["n_heads_above_half_top"] == 1
 
 
 def test_js_divergence():
@@ -148,9 +310,22 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
     v = read(runs["bij"], "values")
     assert list(v["layers"]) == ["emb", "L1", "final", "attn0", "attn1"]
     assert all(0 < s["pc1_share"] <= 1 and 1 <= s["dims_90"] <= s["dims_95"] for s in v["layers"].values())
+    for site, n in (("key", 12 * 5), ("value", 12 * 4)):  # V=6: keys at t = 0, 2, .., 8, values between
+        s = v["final_layer"][site]
+        assert s["n_points"] == n and set(s) == {"n_points", "corr_h_position", "before_norm", "after_norm"}
+        assert all(0 <= s[b][k] <= 1 for b in ("before_norm", "after_norm")
+                   for k in ("pc1_share", "corr_pc1", "corr_pc1_position"))
+    assert v["final_layer"]["key"]["after_norm"]["pc1_share"] == v["layers"]["final"]["pc1_share"]
     a = read(runs["bij"], "ablate")
     assert [r["ablation"] for r in a["ablations"]][:3] == ["skip L0", "skip L1", "mask L0H0"]
     assert len(a["ablations"]) == 2 + 2 * 3
+    f, rows = a["frame"], {r["ablation"]: r["mae_token"] for r in a["ablations"]}
+    assert f["delta_mae"] == {f"L{l}H{h}": rows[f"mask L{l}H{h}"] - a["baseline"]["mae_token"]
+                              for l in range(2) for h in range(2)}
+    assert f["top_delta"] == max(f["delta_mae"].values()) and f["l0_top"] in ("L0H0", "L0H1")
+    scores = f["orthogonality_scores"]
+    assert f["frame_head_by_orthogonality"] == f"L0H{scores.index(min(scores))}"
+    assert min(scores) == pytest.approx(k["named"]["identify_frame_head"]["trained"], abs=1e-12)
     dyn = read(runs["bij"], "dynamics")
     assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # train.log_spaced(6), the last is ckpt.pt
     assert dyn["steps"][-1]["att_similarity"] == [1.0, 1.0] and len(dyn["summary"]["attention_settled_step"]) == 2
@@ -162,6 +337,16 @@ def test_clusters_and_values_on_tiny_hmm_models(runs, name):
     assert geometry_main(["all", "--ckpt", runs[name], "--n_seq", "30", "--no_plot"]) == 0
     c = read(runs[name], "clusters")
     assert list(c["layers"])[:3] == ["emb", "L1", "final"] and -1 <= c["layers"]["final"]["silhouette"] <= 1
+    assert c["K"] == 4 and list(c["final_layer"]) == ["observation"]
+    after = c["final_layer"]["observation"]["after_norm"]
+    assert after["silhouette"] == c["layers"]["final"]["silhouette"] and after["kmeans_k"] == 3
+    assert 1 / 201 <= after["silhouette_p"] <= 1 and -1 <= after["kmeans_ari"] <= 1
+    assert set(c["final_layer"]["observation"]["before_norm"]) == set(after)
+    assert geometry_main(["clusters", "--ckpt", runs[name], "--n_seq", "20", "--K", "3", "--n_perm", "10",
+                          "--no_plot"]) == 0
+    c = read(runs[name], "clusters")
+    assert c["K"] == 3 and c["final_layer"]["observation"]["n_points"] == 20 * 3
+    assert c["final_layer"]["observation"]["after_norm"]["silhouette_p"] >= 1 / 11
     assert read(runs[name], "ablate")["ablations"][0]["ablation"] == "skip L0"
     assert os.path.exists(os.path.join(runs[name], "geometry_qk.json")) == (name == "hmm")
 
@@ -188,6 +373,8 @@ def test_without_matplotlib_the_json_still_comes_out(runs, monkeypatch, capsys):
     (["clusters", "--ckpt", "{bij}"], "clusters needs an hmm checkpoint"),
     (["values", "--ckpt", "{bij}/nowhere"], "no checkpoint at"),
     (["value", "--ckpt", "{bij}"], "invalid choice"),
+    (["values", "--ckpt", "{bij}", "--K", "3"], "--K applies to hmm checkpoints only"),
+    (["clusters", "--ckpt", "{hmm}", "--n_perm", "0"], "--n_perm >= 1"),
 ])
 def test_bad_input_is_a_one_line_error(runs, capsys, argv, message):
     assert geometry_main([a.format(**runs) for a in argv]) == 2
