@@ -64,7 +64,8 @@ def build(cfg, device):
     Config, Model = MODELS[cfg["model"]]
     io = {k: getattr(task, k) for k in IO_FIELDS}
     # training sequences (every key queried) can be longer than the evaluation's: the context fits both
-    longest = max([t.seq_len for t in eval_tasks.values()] + [task.all_queries().seq_len] * train["train_all_queries"])
+    lengths = [t.seq_len for t in eval_tasks.values()] + ([task.all_queries().seq_len] if train["train_all_queries"] else [])
+    longest = max(lengths)
     mc = {"block_size": longest} | cfg["model_opts"] | io
     if train["match_params"]:
         mc = match_width(cfg, Config, Model, mc, {"block_size": longest} | io)
