@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import geometry
+import runtime
 import train
 from cli import exit_code
 from tasks import make_task
@@ -122,7 +123,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["bij", "mamba"])
 def test_the_init_baseline_is_the_runs_initialisation(runs, name):
-    state = train.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
+    state = runtime.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
     torch.manual_seed(state["config"]["train"]["seed"])  # as train.run does before train.build
     _, _, model, _, _ = train.build(state["config"], torch.device("cpu"))
     fresh = geometry.build_model(state, trained=False)
@@ -151,7 +152,7 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
     assert [r["ablation"] for r in a["ablations"]][:3] == ["skip L0", "skip L1", "mask L0H0"]
     assert len(a["ablations"]) == 2 + 2 * 3
     dyn = read(runs["bij"], "dynamics")
-    assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # train.log_spaced(6), the last is ckpt.pt
+    assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # runtime.log_spaced(6), the last is ckpt.pt
     assert dyn["steps"][-1]["att_similarity"] == [1.0, 1.0] and len(dyn["summary"]["attention_settled_step"]) == 2
     assert not os.path.exists(os.path.join(runs["bij"], "geometry_clusters.json"))  # not hmm
 
