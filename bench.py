@@ -37,6 +37,7 @@ from mamba import SCAN_MODES, selective_scan
 from oracles import Metrics
 from tasks import make_task
 import presets
+import runtime
 import train
 
 # -----------------------------------------------------------------------------
@@ -176,12 +177,12 @@ def measure_train(task_name, model_name, size, args):
     torch.manual_seed(0)
     given = {"device": args.device, "data_chunk": args.data_chunk} | ({"batch_size": args.batch_size} if args.batch_size else {})
     cfg = presets.build_config(task_name, model_name, size, given)
-    dev = train.pick_device(args.device)
+    dev = runtime.pick_device(args.device)
     task, _, model, opt, _ = train.build(cfg, dev)
     B, T = cfg["train"]["batch_size"], task.seq_len
-    use_bf16, ctx = train.autocast(args.dtype, dev)  # as train.py --dtype
+    use_bf16, ctx = runtime.autocast(args.dtype, dev)  # as train.py --dtype
     fwd = torch.compile(model) if args.compile else model
-    g, chunk = train.data_source(cfg["train"], dev)
+    g, chunk = runtime.data_source(cfg["train"], dev)
     batch = task.sample(B, g).to(dev, latent=False)  # as train.py: the oracle's float64 latents stay
 
     def step():
@@ -273,9 +274,9 @@ def bench_train(argv):
         p.error("--threads, --reps and --peak_n must be >= 1, --warmup, --batch_size and --data_chunk >= 0")
     try:
         presets.check_device(args.device)
-        train.pick_device(args.device)
+        runtime.pick_device(args.device)
         if args.json:  # before the work, not after it
-            train.check_out_dir(os.path.dirname(args.json) or ".", "--json")
+            runtime.check_out_dir(os.path.dirname(args.json) or ".", "--json")
             if os.path.isdir(args.json):
                 raise ValueError(f"--json {args.json}: is a folder; give a file name")
     except ValueError as e:
@@ -303,7 +304,7 @@ def bench_train(argv):
     if not rows:
         p.exit(2, f"{p.prog}: error: every row failed (see the reasons above)\n")
     if args.json:
-        train.write_json(args.json, rows)
+        runtime.write_json(args.json, rows)
         print(f"wrote {args.json}")
     return 0
 
@@ -483,7 +484,7 @@ def metric(spec):
 
 def first_reached(history, spec, task_name):
     """(the first history entry that meets spec or None, the best entry)."""
-    stop, name = presets.parse_stop(spec, make_task(task_name)), metric(spec)
+    stop, name = train.parse_stop(spec, make_task(task_name)), metric(spec)
     best = (max if ">=" in spec else min)(history, key=lambda h: h[name]) if history else None
     return next((h for h in history if stop(h)), None), best
 
@@ -530,7 +531,7 @@ def time_to_target(argv):
     if args.eval_interval < 1:
         p.error(f"--eval_interval must be >= 1, got {args.eval_interval}")
     try:  # before the work, not after it
-        train.check_out_dir(args.results, "--results")
+        runtime.check_out_dir(args.results, "--results")
     except ValueError as e:
         p.error(str(e))
     rows = []
@@ -561,13 +562,13 @@ def time_to_target(argv):
     lines = ["| task | target | flags on the preset | reached at step | wall time | value there (best if not reached) "
              "| run | eval every |", "|---|---|---|---|---|---|---|---|"]
     for w in rows:
-        at = (f"{w['steps']} | {train.fmt_time(w['time_s'])}" if w["reached"] else "not reached | —")
+        at = (f"{w['steps']} | {runtime.fmt_time(w['time_s'])}" if w["reached"] else "not reached | —")
         lines.append(f"| {w['task']} | {w['target']} | {w['flags'] or '—'} | {at} | {w['value']:.4f} | {w['run_steps']} steps, "
-                     f"{train.fmt_time(w['run_time_s'])}, {w['device']} | {w['eval_interval']} |")
+                     f"{runtime.fmt_time(w['run_time_s'])}, {w['device']} | {w['eval_interval']} |")
     print("\n".join(lines))
     name = "time_to_target_" + ("from_runs" if args.from_runs else args.recipe)
-    train.write_text(os.path.join(args.results, name + ".md"), "\n".join(lines) + "\n")
-    train.write_json(os.path.join(args.results, name + ".json"), rows)
+    runtime.write_text(os.path.join(args.results, name + ".md"), "\n".join(lines) + "\n")
+    runtime.write_json(os.path.join(args.results, name + ".json"), rows)
     return 0
 
 # -----------------------------------------------------------------------------
@@ -586,5 +587,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    train.cli(main, "bench.py", "each run keeps its last checkpoint" if sys.argv[1:2] == ["time_to_target"]
+    runtime.cli(main, "bench.py", "each run keeps its last checkpoint" if sys.argv[1:2] == ["time_to_target"]
               else "nothing was written")

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 import presets
+import runtime
 import train
 from linear_attn import RULES, LinearAttention, LinearAttentionConfig, memory
 from presets import count_params
@@ -571,7 +572,7 @@ def parse_args(argv):
     try:  # before the work, not after it
         for flag in ("results", "scratch"):
             if hasattr(args, flag):
-                train.check_out_dir(getattr(args, flag), f"--{flag}")
+                runtime.check_out_dir(getattr(args, flag), f"--{flag}")
     except ValueError as e:
         p.error(str(e))
     return args, p
@@ -579,14 +580,14 @@ def parse_args(argv):
 
 def save_figure(figure, result, path):
     """The experiment's figure from its json, if matplotlib is there; True if written."""
-    plt = train.pyplot()
+    plt = runtime.pyplot()
     if plt is None:  # no figures; the json and summary.md still come out
         return False
     fig = figure(plt, result)
     for a in fig.axes:
         a.legend(fontsize=7)
     fig.tight_layout()
-    train.write_file(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    runtime.write_file(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return True
 
@@ -602,7 +603,7 @@ def main(argv=None):
             t0 = time.time()
             result = steps[name][0](args)
             result["wall_s"] = time.time() - t0
-            train.write_json(path(name, "json"), result)
+            runtime.write_json(path(name, "json"), result)
             png = save_figure(steps[name][1], result, path(name, "png"))
             print(f"wrote {path(name, 'json')}{' and .png' if png else ''} [{result['wall_s']:.0f}s]", flush=True)
     except ValueError as e:  # bad sizes reach the memory or the task as ValueError
@@ -615,10 +616,10 @@ def main(argv=None):
                     results[name] = json.load(f)
                 if args.command == "summary":  # the figures too, from the same json
                     save_figure(steps[name][1], results[name], path(name, "png"))
-        train.write_text(path("summary", "md"), summary(results))
+        runtime.write_text(path("summary", "md"), summary(results))
         print(f"wrote {path('summary', 'md')}")
     return 0
 
 
 if __name__ == "__main__":
-    train.cli(main, "conditioning.py", "the experiments already written are kept")
+    runtime.cli(main, "conditioning.py", "the experiments already written are kept")

@@ -14,8 +14,9 @@ options of the MLP's other reading (`--model mlp --per_position`), a row of its 
 comparisons.
 """
 import argparse
-from dataclasses import fields, replace
+from dataclasses import fields
 import difflib
+import functools
 import inspect
 import math
 import os
@@ -28,7 +29,7 @@ from linear_attn import LinearAttention, LinearAttentionConfig
 from lstm import LSTM, LSTMConfig
 from mamba import Mamba, MambaConfig
 from mlp import MLP, MLPConfig
-from tasks import TASKS
+from tasks import TASKS, make_task
 from transformer import Transformer, TransformerConfig
 
 MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba),
@@ -37,7 +38,7 @@ MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig
 IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # set from the task
 
 TRAIN = {  # name: (default, help); presets and flags override
-    "out_dir": ("", "where to write ckpt.pt and results.json (default out/<task>_<model>)"),
+    "out_dir": ("", "where to write ckpt.pt and results.json (empty: out/<task>_<model>)"),
     "seed": (1337, "seed for the model init and the training batches"),
     "match_params": (0, "set the model's width so its parameter count is within 2%% of this: 0 = off, "
                         "-1 = the transformer's count for this task and preset"),
@@ -219,23 +220,31 @@ def str2bool(s):
     raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
 
 
+@functools.cache  # inspect parses the class's whole file
 def field_help(cls):
-    """The one-line comment after each dataclass field, for --help."""
-    src = inspect.getsource(cls)
+    """The one-line comment after each dataclass field, for --help ({} for a class without a source file)."""
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
     return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.*)$", src, re.M))
 
 
 def add_flag(group, name, default, help, ftype=None):
-    ftype = ftype or type(default)
+    """--name; its help ends with the value a run takes without the flag (here, for this task, model and preset)."""
+    ftype, shown = ftype or type(default), "none" if default in ("", []) else default
+    help = f"{help} (default {shown})"
     if ftype is bool:
-        group.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=None, help=f"{help} (default {default})")
+        group.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=None, help=help)
     elif ftype is list:
-        group.add_argument(f"--{name}", type=int, nargs="*", default=None, help=f"{help} (default {default})")
+        group.add_argument(f"--{name}", type=int, nargs="*", default=None, help=help)
     else:
-        group.add_argument(f"--{name}", type=ftype, default=None, choices=CHOICES.get(name), help=f"{help} (default {default})")
+        group.add_argument(f"--{name}", type=ftype, default=None, choices=CHOICES.get(name), help=help)
 
 
-def parse_args(argv):
+def parse_args(argv, doc=""):
+    """train.py's command line: (--task/--model/--preset, the flags given, the parser). doc: the docstring whose
+    first paragraph --help shows; each flag's help ends with its value for the chosen task, model and preset."""
     pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
     pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
     pre.add_argument("--model", choices=list(MODELS), help="(default transformer)")
@@ -244,7 +253,7 @@ def parse_args(argv):
     known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
     for k, v in dict(task="recall", model="transformer", preset="quick").items():
         setattr(known, k, getattr(known, k) or v)
-    p = Parser(prog="train.py", description=__doc__.split("\n\n")[0].strip(), parents=[pre], allow_abbrev=False,
+    p = Parser(prog="train.py", description=doc.strip().split("\n\n")[0], parents=[pre], allow_abbrev=False,
                epilog="Task and model flags depend on --task and --model: see `--task hmm --help`.")
     owners = {}
     for kind, table in (("task", TASKS), ("model", {k: c for k, (c, _) in MODELS.items()})):
@@ -253,27 +262,51 @@ def parse_args(argv):
                 if f.name not in IO_FIELDS:
                     owners.setdefault(f"--{f.name}", []).append(f"--{kind} {name}")
     p.elsewhere = {k: ", ".join(v) for k, v in owners.items()}
+    train, task_opts, model_opts = layered(known.task, known.model, known.preset)
+    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{known.task}_{known.model}")
+    task_opts, longest = task_values(known.task, task_opts, train["eval_K"])
+    if longest and "block_size" not in model_opts:  # train.py's build() gives it the longest sequence
+        model_opts["block_size"] = longest
     g = p.add_argument_group("training")
-    for name, (default, help) in TRAIN.items():
-        add_flag(g, name, default, help)
-    for title, cls in ((f"task {known.task}", TASKS[known.task]), (f"model {known.model}", MODELS[known.model][0])):
+    for name, (_, help) in TRAIN.items():
+        add_flag(g, name, train[name], help)
+    for title, cls, opts in ((f"task {known.task}", TASKS[known.task], task_opts),
+                             (f"model {known.model}", MODELS[known.model][0], model_opts)):
         g, helps = p.add_argument_group(title), field_help(cls)
         for f in fields(cls):
             if f.name not in IO_FIELDS:
-                add_flag(g, f.name, f.default, helps.get(f.name, ""), f.type)
+                add_flag(g, f.name, opts.get(f.name, f.default), helps.get(f.name, ""), f.type)
     args = p.parse_args(argv)
     given = {k: v for k, v in vars(args).items() if v is not None and k not in ("task", "model", "preset")}
+    if given.get("overwrite") and (given.get("resume") or given.get("eval_only")):
+        p.error("--overwrite starts a new run; it cannot go with --resume or --eval_only")
     return known, given, p
+
+
+def layered(task, model, preset):
+    """defaults < preset: a run's train / task / model settings before its flags."""
+    ps = PRESETS[preset].get(task, {})
+    task_opts, model_opts = dict(ps.get("task", {})), dict(ps.get(model, {}))
+    # a model's own training settings (e.g. its optimizer) sit in its preset entry, over the task's
+    train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {}) | model_opts.pop("train", {})
+    return train, task_opts, model_opts
+
+
+def task_values(task, task_opts, eval_K):
+    """(the task's options, e.g. the bijection's L from its V; the longest sequence it evaluates, which is the
+    model's block_size unless set), or (task_opts, None) where the task refuses them: flags may mend that."""
+    try:
+        tasks = [make_task(task, **task_opts)] + [make_task(task, **(task_opts | {"K": K})) for K in eval_K]
+    except (ValueError, TypeError):
+        return task_opts, None
+    return tasks[0].options(), max(t.seq_len for t in tasks)
 
 
 def build_config(task, model, preset, given):
     """defaults < preset < flags, split into train / task / model dicts."""
-    ps = PRESETS[preset].get(task, {})
+    train, task_opts, model_opts = layered(task, model, preset)
     task_names = {f.name for f in fields(TASKS[task])}
     model_names = {f.name for f in fields(MODELS[model][0])}
-    task_opts, model_opts = dict(ps.get("task", {})), dict(ps.get(model, {}))
-    # a model's own training settings (e.g. its optimizer) sit in its preset entry, over the task's
-    train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {}) | model_opts.pop("train", {})
     for k, v in given.items():
         (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
@@ -328,56 +361,6 @@ def check_train(train):
 def check_device(name):
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
         raise ValueError(f"--device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
-
-
-def parse_stop(spec, task):
-    """--stop_at: 'metric<=x' or 'metric>=x' -> a test of an evaluation's metrics; '' -> None."""
-    if not spec:
-        return None
-    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
-    try:
-        x = float(m.group(3)) if m else None
-    except ValueError:
-        x = None
-    if x is None:
-        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
-                         "mae_curve, mae_token, kl, accuracy")
-    name, op = m.group(1), m.group(2)
-    if name == "accuracy" and task.gaussian:
-        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
-    return lambda r: name in r and (r[name] <= x if op == "<=" else r[name] >= x)
-
-
-def parse_curriculum(spec, task, train):
-    """--curriculum NAME=START -> stage(it), the task of training step `it`; '' -> None. The option grows
-    linearly, one integer stage at a time, and is the task's own value from step curriculum_iters on."""
-    if not spec:
-        return None
-    m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
-    options = [f.name for f in fields(task) if isinstance(getattr(task, f.name), int)
-               and not isinstance(getattr(task, f.name), bool)]
-    if m is None or m.group(1) not in options:
-        raise ValueError(f"--curriculum {spec!r}: expected NAME=START with NAME an integer option of {task.name}: "
-                         f"{', '.join(options)}")
-    name, start, end = m.group(1), int(m.group(2)), getattr(task, m.group(1))
-    if not 1 <= start <= end:
-        raise ValueError(f"--curriculum {spec!r}: START must be in [1, {end}] ({task.name}'s {name})")
-    try:
-        first = replace(task, **{name: start})
-    except ValueError as e:
-        raise ValueError(f"--curriculum {spec!r}: the task refuses its first stage: {e}") from None
-    io = lambda t: [getattr(t, k, None) for k in IO_FIELDS]
-    if io(first) != io(task):
-        raise ValueError(f"--curriculum {spec!r}: {name} changes the model's inputs or outputs; grow an option "
-                         f"that only changes the sequences")
-    iters, stages = train["curriculum_iters"] or train["max_iters"] // 2, {start: first}  # value -> task
-
-    def stage(it):  # end - start + 1 stages of equal length
-        value = end if it >= iters else start + (end - start + 1) * it // iters
-        if value not in stages:
-            stages[value] = replace(task, **{name: value})
-        return stages[value]
-    return stage
 
 
 # -----------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import traceback
 import torch
 
 import presets
+import runtime
 import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -154,7 +155,7 @@ def fmt_acc(m):
 
 def figure(task, rows, path):
     """Per-position model entropy of every model against the oracle's; False without matplotlib."""
-    plt = train.pyplot()
+    plt = runtime.pyplot()
     if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -168,7 +169,7 @@ def figure(task, rows, path):
     ax.set(xlabel="query position", ylabel="mean entropy (bits)", title=f"{task}: model vs exact posterior entropy")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    train.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    runtime.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return True
 
@@ -201,7 +202,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
             other = ", ".join(f"{k}: {fmt(v['mae_token'])}" for k, v in r["metrics"].items() if k != "default")
             lines.append(f"| {model} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
                          f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {r['iters']} "
-                         f"| {train.fmt_time(r['wall_time_s'])} | {r['device']} |")
+                         f"| {runtime.fmt_time(r['wall_time_s'])} | {r['device']} |")
         slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
                  if "accuracy_by_slot" in r["metrics"]["default"]]
         if slots:  # recall: is a miss a pair stored early (forgotten) or any pair (never bound)?
@@ -214,7 +215,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
         lines.append("")
     lines += ["## Notes", "", PAPER_NOTES, ""]
     path = os.path.join(results_dir, "table.md")
-    train.write_text(path, "\n".join(lines))
+    runtime.write_text(path, "\n".join(lines))
     return path
 
 # -----------------------------------------------------------------------------
@@ -275,7 +276,7 @@ def main(argv=None):
             todo.append(((task, model), argv + resume, os.path.join(out_dir, "train.log")))
     try:  # before any cell runs
         for flag, path in (("--out", out_root), ("--results", args.results)):
-            train.check_out_dir(path, flag)
+            runtime.check_out_dir(path, flag)
     except ValueError as e:
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         return 2
@@ -291,7 +292,7 @@ def main(argv=None):
         if rc == 0 and r is not None:
             status[(task, model)] = "finished"
             m = r["metrics"]["default"]
-            print(f"[{i}/{len(todo)}] {task} x {model}: done in {train.fmt_time(secs)} | {train.summary(m)}")
+            print(f"[{i}/{len(todo)}] {task} x {model}: done in {runtime.fmt_time(secs)} | {train.summary(m)}")
         else:
             status[(task, model)] = f"failed (exit {rc}), see train.log"
             print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}); see {os.path.join(out_dir, 'train.log')}")
@@ -302,4 +303,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    train.cli(main, "reproduce.py", "finished cells are kept and a rerun resumes the others")
+    runtime.cli(main, "reproduce.py", "finished cells are kept and a rerun resumes the others")

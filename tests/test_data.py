@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 import tasks
 import presets
+import runtime
 import train
 from oracles import hmm_filter
 
@@ -195,9 +196,9 @@ def test_memory_can_skip_the_checks_that_read_values_back():
 
 def test_batches_are_drawn_on_the_cpu_unless_training_on_a_gpu():
     cfg = presets.build_config("hmm", "transformer", "quick", {})
-    gen, chunk = train.data_source(cfg["train"], torch.device("cpu"))
+    gen, chunk = runtime.data_source(cfg["train"], torch.device("cpu"))
     assert gen.device.type == "cpu" and chunk == 1
-    gen, chunk = train.data_source(cfg["train"] | dict(data_device="device", data_chunk=3), torch.device("cpu"))
+    gen, chunk = runtime.data_source(cfg["train"] | dict(data_device="device", data_chunk=3), torch.device("cpu"))
     assert gen.device.type == "cpu" and chunk == 3
 
 
@@ -229,8 +230,8 @@ def test_a_training_step_on_the_gpu_never_waits_for_it(name, model):
     cfg = presets.build_config(name, model.split()[0], "quick", SMALL[name] | SMALL_MODELS[model])
     dev = torch.device("cuda")
     task, _, model, opt, _ = train.build(cfg, dev)
-    gen, _ = train.data_source(cfg["train"], dev)
-    _, ctx = train.autocast("auto", dev)
+    gen, _ = runtime.data_source(cfg["train"], dev)
+    _, ctx = runtime.autocast("auto", dev)
 
     def step(b):
         opt.zero_grad(set_to_none=True)

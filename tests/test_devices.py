@@ -12,6 +12,7 @@ import torch.utils._pytree as pytree
 
 import bench
 import reproduce
+import runtime
 import train
 from cli import exit_code
 
@@ -165,9 +166,9 @@ def test_bench_counts_the_flops_of_cudnns_lstm(layers, bidirectional):
 def test_bf16_autocast_only_where_the_gpu_has_it_natively(monkeypatch, native, expect):
     # a T4 or V100: bf16 by emulation only
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
-    assert train.autocast("auto", torch.device("cuda"))[0] is expect
-    assert train.autocast("float32", torch.device("cuda"))[0] is False
-    assert train.autocast("auto", torch.device("cpu"))[0] is False
+    assert runtime.autocast("auto", torch.device("cuda"))[0] is expect
+    assert runtime.autocast("float32", torch.device("cuda"))[0] is False
+    assert runtime.autocast("auto", torch.device("cpu"))[0] is False
 
 
 def test_checkpoints_hold_the_cuda_rng_state(monkeypatch):
@@ -175,12 +176,12 @@ def test_checkpoints_hold_the_cuda_rng_state(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": state.clone())
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.append((s, device)))
     dev = torch.device("cuda:0")
-    saved = train.rng_state(dev)
+    saved = runtime.rng_state(dev)
     assert set(saved) == {"torch_rng", "cuda_rng"} and torch.equal(saved["cuda_rng"], state)
-    train.set_rng_state(saved, dev)
+    runtime.set_rng_state(saved, dev)
     assert len(restored) == 1 and torch.equal(restored[0][0], state) and restored[0][1] == dev
-    assert set(train.rng_state(torch.device("cpu"))) == {"torch_rng"}
-    train.set_rng_state(train.rng_state(torch.device("cpu")), dev)  # a CPU run resumed on a GPU: the seeded state
+    assert set(runtime.rng_state(torch.device("cpu"))) == {"torch_rng"}
+    runtime.set_rng_state(runtime.rng_state(torch.device("cpu")), dev)  # a CPU run resumed on a GPU: the seeded state
     assert len(restored) == 1
 
 
@@ -208,7 +209,7 @@ def test_a_resumed_optimizer_keeps_its_own_kernel():
     model(torch.randn(2, 4)).sum().backward()
     before.step()
     fused = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    train.Optimizers(fused).load_state_dict(before.state_dict())
+    runtime.Optimizers(fused).load_state_dict(before.state_dict())
     assert fused.param_groups[0]["fused"] is True
     assert torch.equal(fused.state[model.weight]["exp_avg"], before.state[model.weight]["exp_avg"])
     fused.step()  # the fused kernel accepts the state it was given

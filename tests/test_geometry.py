@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 import geometry
+import runtime
 import train
 from cli import exit_code
 from tasks import make_task
@@ -285,7 +286,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["bij", "mamba"])
 def test_the_init_baseline_is_the_runs_initialisation(runs, name):
-    state = train.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
+    state = runtime.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
     torch.manual_seed(state["config"]["train"]["seed"])  # as train.run does before train.build
     _, _, model, _, _ = train.build(state["config"], torch.device("cpu"))
     fresh = geometry.build_model(state, trained=False)
@@ -327,7 +328,7 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
     assert f["frame_head_by_orthogonality"] == f"L0H{scores.index(min(scores))}"
     assert min(scores) == pytest.approx(k["named"]["identify_frame_head"]["trained"], abs=1e-12)
     dyn = read(runs["bij"], "dynamics")
-    assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # train.log_spaced(6), the last is ckpt.pt
+    assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # runtime.log_spaced(6), the last is ckpt.pt
     assert dyn["steps"][-1]["att_similarity"] == [1.0, 1.0] and len(dyn["summary"]["attention_settled_step"]) == 2
     assert not os.path.exists(os.path.join(runs["bij"], "geometry_clusters.json"))  # not hmm
 

@@ -215,6 +215,22 @@ def test_gaussian_kl_by_hand():
     assert gaussian_kl_bits(one, 2 * one, 0 * one, one).item() == pytest.approx((math.log(0.5) + 2) / 2 / math.log(2))
 
 
+def test_regression_kl_is_the_oracle_against_the_model_not_the_reverse():
+    # a model that is off by one and four times too wide: KL(p || q) and KL(q || p) differ at every position
+    task = make_task("regression", K=5, d=2)
+    batch = task.sample(8, gen(11))
+    mean, var = oracle(task, batch)
+    out = torch.stack([mean + 1, (4 * var).log()], -1)
+    m = Metrics()
+    m.update(task, batch, out)
+    v = var[batch.mask].tolist()
+    forward = [0.5 * (math.log(4) + (x + 1) / (4 * x) - 1) / math.log(2) for x in v]  # KL(N(m, v) || N(m+1, 4v))
+    reverse = [0.5 * (math.log(1 / 4) + (4 * x + 1) / x - 1) / math.log(2) for x in v]  # KL(N(m+1, 4v) || N(m, v))
+    kl = m.result(task)["kl"]
+    assert kl == pytest.approx(sum(forward) / len(v), rel=1e-12)
+    assert abs(kl - sum(reverse) / len(v)) > 0.5
+
+
 def test_kl_and_bayes_accuracy_by_hand():
     """bijection V=3, L=3 without replacement: the oracle is uniform over 3, then 2, then 1 unused values."""
     task = make_task("bijection", V=3, L=3)

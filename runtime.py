@@ -1,0 +1,410 @@
+"""
+The plumbing every script shares, so that train.py holds only training: devices and autocast, data-parallel
+set-up and teardown under torchrun, torch.compile with an eager fallback, checkpoints, files written whole,
+and the one-line reports of a fault.
+
+- devices: CUDA, then Apple MPS, then the CPU; bf16 autocast where the GPU has it natively (pick_device,
+  autocast); under torchrun one GPU per process, NCCL on GPUs and gloo on CPUs (init_distributed), and rank 0
+  speaks for the run (print0, rank0s);
+- torch.compile is a speed-up, never a requirement: the first failure, however late, means eager from then
+  on, said in one line (CompiledOrEager);
+- checkpoints hold tensors and plain values only, so they load with weights_only=True; load_checkpoint
+  renames the fields of older checkpoints (n_embd -> d_model) so that they still load;
+- every file is written beside its name and renamed over it (write_file): a crash mid-write leaves the old
+  file whole, and a new run refuses a folder that holds another (prepare_out_dir);
+- a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded, cli);
+  Proc is one process's share of a run: device, rank, the step reached and the checkpoints written.
+"""
+import builtins
+from contextlib import nullcontext, suppress
+import errno
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+VERDICTS = ("go on", "reached", "diverged")  # after an evaluation: --stop_at reached, not finite
+
+# -----------------------------------------------------------------------------
+# devices: CPU, CUDA (bf16 autocast, torch.compile), MPS, torchrun
+
+
+def pick_device(name, local_rank=None):
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if (name.startswith("cuda") and not torch.cuda.is_available()
+            or name == "mps" and not torch.backends.mps.is_available()):
+        raise ValueError(f"device {name!r} is not available here; use auto or cpu")
+    if name == "cuda" and local_rank is not None:
+        # one GPU per data-parallel process: every process checks, so none waits for a rank that cannot start
+        n, procs = torch.cuda.device_count(), max(int(os.environ.get("LOCAL_WORLD_SIZE", 0)), local_rank + 1)
+        if procs > n:
+            raise ValueError(f"torchrun started {procs} processes on this machine but it has {n} "
+                             f"GPU{'s' * (n != 1)}: use --nproc_per_node={n} or fewer")
+        name = f"cuda:{local_rank}"
+    if name.startswith("cuda:") and name[5:].isdigit() and int(name[5:]) >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} does not exist here: this machine has {torch.cuda.device_count()} GPUs")
+    return torch.device(name)
+
+
+def autocast(dtype, device):
+    """(bf16 or not, the forward passes' context): bf16 autocast on CUDA unless asked otherwise. auto takes
+    bf16 only where the GPU has it natively (Ampere on): T4 and V100 emulate it, slower than float32."""
+    use_bf16 = dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"
+                                       and torch.cuda.is_bf16_supported(including_emulation=False))
+    return use_bf16, torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+def data_source(train, device):
+    """(generator, chunk): batches are drawn on the generator's device, `chunk` per sampler call. On a GPU a
+    draw is a few hundred tiny kernels whatever its size, so one call per 16 steps makes it cheap."""
+    on_gpu = train["data_device"] == "device" or train["data_device"] == "auto" and device.type == "cuda"
+    dev = device if on_gpu else torch.device("cpu")
+    chunk = train["data_chunk"] or (16 if dev.type == "cuda" else 1)
+    return torch.Generator(device=dev).manual_seed(train["seed"]), chunk
+
+
+def print0(*args, **kwargs):
+    """print on rank 0 only: it speaks for the run (every process alone is rank 0)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        builtins.print(*args, **kwargs)
+
+
+def init_distributed(train, device):
+    """(rank, world size): (0, 1) alone, else joins the torchrun process group (NCCL on GPUs, gloo on CPUs)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world == 1:
+        return 0, 1
+    if train["batch_size"] % world:
+        raise ValueError(f"--batch_size {train['batch_size']} (the global batch) must be a multiple of the "
+                         f"{world} data-parallel processes")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world
+
+
+def data_parallel(model, device, world):
+    """model, or under torchrun model in DDP (gradients averaged over the processes). Buffers are constants
+    (position tables, masks): nothing to broadcast, and rank 0 evaluates alone."""
+    if world == 1:
+        return model
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+
+
+def rank0s(verdict, world, device):
+    """Rank 0's verdict after an evaluation (go on, reached, diverged), on every rank."""
+    if world == 1:
+        return verdict
+    t = torch.tensor([VERDICTS.index(verdict)], device=device)
+    dist.broadcast(t, 0)
+    return VERDICTS[int(t.item())]
+
+
+def global_mean(x, world):
+    """x averaged over the data-parallel processes, as a float (the global batch's loss); every rank calls it."""
+    x = x.detach().clone()  # all_reduce works in place
+    if world > 1:
+        dist.all_reduce(x)
+    return x.item() / world
+
+
+class CompiledOrEager:
+    """torch.compile(net), or net itself from the first time compiling fails, with one line saying so. Dynamo
+    compiles again at each new mode, batch size and length, and builds the backward graph at the first
+    backward, so a failure can come late: the forward's are caught here, the backward's via retry()."""
+
+    def __init__(self, net, compile, print=print):
+        self.net, self.fn, self.print = net, net, print
+        if compile:
+            torch._dynamo.reset()  # a fresh recompile budget per run, or the later runs of a sweep run eager unsaid
+            try:
+                self.fn = torch.compile(net)
+            except Exception as e:  # e.g. a Python version torch.compile does not support yet
+                self.fail(e)
+
+    def fail(self, e):
+        """Run eager from now on; False when already eager, the error then being no compiler's."""
+        if self.fn is self.net or isinstance(e, torch.OutOfMemoryError):
+            return False
+        e = getattr(e, "inner_exception", e)  # the backend's own error, inside dynamo's BackendCompilerFailed
+        first = (str(e).splitlines() or [""])[0][:150]
+        self.print(f"torch.compile failed ({type(e).__name__}: {first}); running eager")
+        self.fn = self.net
+        return True
+
+    def retry(self, work):
+        """work(), and once more eager if it failed compiled (a training step: forward, loss and backward)."""
+        try:
+            return work()
+        except Exception as e:
+            if not self.fail(e):
+                raise
+            return work()
+
+    def __call__(self, x):
+        return self.retry(lambda: self.fn(x))
+
+    def __getattr__(self, name):  # eval(), train(), ...: net's
+        return getattr(self.net, name)
+
+
+class Optimizers:
+    """Several optimizers over disjoint parameters, stepped as one (--optimizer muon needs two)."""
+
+    def __init__(self, *opts):
+        self.opts = opts
+
+    @property
+    def param_groups(self):  # read anew: load_state_dict replaces an optimizer's group dicts
+        return [g for o in self.opts for g in o.param_groups]
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+    def state_dict(self):
+        return [o.state_dict() for o in self.opts]
+
+    def load_state_dict(self, states):
+        """Each optimizer's state, keeping its own kernel flags (fused on CUDA): a CPU run resumed on a GPU
+        would otherwise run the checkpoint's unfused loop."""
+        states = [states] if isinstance(states, dict) else states  # checkpoints from before --optimizer
+        if len(states) != len(self.opts):
+            raise ValueError(f"the checkpoint holds {len(states)} optimizer states, this run has {len(self.opts)}")
+        for o, state in zip(self.opts, states):
+            groups = [g | {k: new[k] for k in ("fused", "foreach", "capturable") if k in new}
+                      for g, new in zip(state["param_groups"], o.param_groups)]
+            o.load_state_dict(state | {"param_groups": groups})
+
+
+def rng_state(device):
+    """The global generators a resumed run continues: dropout draws from the device's (the batches have their own)."""
+    return dict(torch_rng=torch.get_rng_state()) | (
+        dict(cuda_rng=torch.cuda.get_rng_state(device)) if device.type == "cuda" else {})
+
+
+def set_rng_state(state, device):
+    torch.set_rng_state(state["torch_rng"])
+    if device.type == "cuda" and "cuda_rng" in state:  # absent when the run was on a CPU before
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+
+
+# -----------------------------------------------------------------------------
+# files and checkpoints: every write goes through a temporary name, so a crash mid-write leaves the old file whole
+
+
+def save_checkpoint(path, state):
+    write_file(path, lambda tmp: torch.save(state, tmp))
+
+
+def checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed, history):
+    """What ckpt.pt holds (tensors and plain values, so it loads with weights_only=True): all resume() needs."""
+    return dict(model=model.state_dict(), optimizer=opt.state_dict(), gen_state=batches.state(it),
+                **rng_state(device), iter=it, elapsed=elapsed, history=history, config=cfg, model_config=model_config)
+
+
+def load_checkpoint(path):
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path} (train first, or pass the run's --out_dir)")
+    # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
+    bad = ValueError(f"{path}: not a readable train.py checkpoint (truncated or corrupt?)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        raise bad from None
+    if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
+        raise bad
+    for d in (state["model_config"], state["config"].get("model_opts", {})):  # checkpoints from before d_model
+        if "n_embd" in d:
+            d["d_model"] = d.pop("n_embd")
+        d.pop("init_std", None)
+    return state
+
+
+def log_spaced(n):
+    """Steps 1, 2, 3, 6, 10, 18, 32, 56, 100, ... (four per decade) up to n."""
+    return sorted({round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)})
+
+
+def write_file(path, write):
+    """write(tmp) beside path, then rename it over path; a failure removes tmp and names path."""
+    tmp = path + ".tmp"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, RuntimeError) and "writ" in str(e):  # torch.save's writer on a full disk
+            e = OSError(errno.EIO, str(e).splitlines()[0])
+        if isinstance(e, OSError) and not e.filename:  # the one-line report names the file
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
+
+
+def write_text(path, text):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    write_file(path, write)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=1))
+
+
+def check_out_dir(path, flag="--out_dir"):
+    """Before any work: say in one line why files cannot be written under path (creates nothing)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):  # the folder that would hold the new ones
+        p = os.path.dirname(p)
+    if not os.path.isdir(p) or not os.access(p, os.W_OK | os.X_OK):
+        what = "a file" if os.path.isfile(p) else "not writable"
+        raise ValueError(f"{flag} {path}: cannot write there ({p} is {what})")
+
+
+def run_files(out_dir):
+    """What a run writes to its folder: another run there would mix with it."""
+    names = [os.path.join(out_dir, f) for f in ("ckpt.pt", "results.json", "eval.json")]
+    return [p for p in names if os.path.exists(p)] + sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
+
+
+def prepare_out_dir(train, resumed, master):
+    out_dir = train["out_dir"]
+    check_out_dir(out_dir)
+    if not resumed and not train["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
+        raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
+                         f"(and its snapshots), or another --out_dir")
+    os.makedirs(out_dir, exist_ok=True)
+    if master:  # .tmp files are left by a killed write; --overwrite removes the old run's files, snapshots too
+        old = run_files(out_dir) if train["overwrite"] and not resumed else []
+        for f in glob.glob(os.path.join(out_dir, "*.tmp")) + old:
+            os.remove(f)
+    return out_dir
+
+
+def code_version():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        git = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5).stdout.strip()
+        rev = git("rev-parse", "--short", "HEAD")
+        return (rev + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")) if rev else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def fmt_time(s):
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m" if s >= 3600 else f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no window), or None without matplotlib: figures are optional."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+# -----------------------------------------------------------------------------
+# one run's process, and what a fault leaves behind
+
+
+class Proc:
+    """One process's share of a run: its device, rank (rank 0 logs, evaluates and writes) and the number of
+    processes; the step it reached and the checkpoints it wrote: ckpt.pt at every evaluation (`kept`, the last
+    good one, which a fault report names) and copies ckpt_<step>.pt by --ckpt_schedule (eval: at every
+    evaluation, log: at log-spaced steps)."""
+
+    def __init__(self, device, rank, world, train, resumed_at=None):
+        self.device, self.rank, self.world, self.master = device, rank, world, rank == 0
+        self.out_dir, self.every_eval = train["out_dir"], train["ckpt_schedule"] == "eval"
+        self.snapshots = set(log_spaced(train["max_iters"])) if train["ckpt_schedule"] == "log" else set()
+        self.ckpt, self.step = os.path.join(self.out_dir, "ckpt.pt"), resumed_at or 0
+        self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
+
+    def diverged(self, what, it):
+        """Say why the run stops at step it (what is not finite) and which checkpoint is the last good one; 1."""
+        print0(f"{what} at step {it}: stopping; last good checkpoint: {self.kept or 'none was saved yet'}",
+               file=sys.stderr)
+        return 1
+
+    def due(self, it, at_eval):
+        """Whether step `it` saves: at every evaluation and at the snapshots."""
+        return at_eval or it in self.snapshots
+
+    def save(self, state, at_eval):
+        it = state["iter"]
+        if at_eval:
+            save_checkpoint(self.ckpt, state)
+            self.kept = f"{self.ckpt} (step {it})"  # finite parameters and metrics: a good one
+        if self.every_eval and at_eval or it in self.snapshots:
+            save_checkpoint(os.path.join(self.out_dir, f"ckpt_{it:07d}.pt"), state)
+
+
+def guarded(loop, train, resumed_at=None, prog="train.py"):
+    """loop(proc) on this process's device (under torchrun: its rank's GPU, in the process group), with Ctrl-C,
+    out of memory and a full disk reported in one line saying what was kept (exit code 2); a run that left
+    nothing leaves no empty folders either. resumed_at: the step of the checkpoint it continues."""
+    device = pick_device(train["device"], int(os.environ.get("LOCAL_RANK", 0)) if "WORLD_SIZE" in os.environ else None)
+    rank, world = init_distributed(train, device)
+    out_dir = new = os.path.abspath(train["out_dir"])
+    while not os.path.exists(os.path.dirname(new)):  # the outermost folder this run will create
+        new = os.path.dirname(new)
+    created = None if os.path.exists(new) else new
+    proc = Proc(device, rank, world, train, resumed_at)
+    try:
+        code = loop(proc)
+        if world > 1:  # rank 0 evaluates and writes alone at the end: no rank tears the group down before it is done
+            dist.barrier()
+        return code
+    except BaseException as e:
+        if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
+            raise
+        what = ("interrupted" if isinstance(e, KeyboardInterrupt) else
+                "out of memory (try a smaller --batch_size or model)" if is_oom(e) else
+                f"{e.filename}: {e.strerror}" if e.filename else str(e))
+        p = out_dir
+        while created and p.startswith(created) and os.path.isdir(p) and not os.listdir(p):
+            os.rmdir(p)
+            p = os.path.dirname(p)
+        kept = f"kept {proc.kept}" if proc.kept else "no checkpoint was saved"
+        print0(f"{prog}: error: {what} at step {proc.step}; {kept}", file=sys.stderr)
+        if isinstance(e, KeyboardInterrupt):  # a caller's sweep stops too; cli() makes it exit code 2
+            e.reported_to = sys.stderr  # a sweep that sent it to a log file still says it on the console
+            raise
+        return 2
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def is_oom(e):
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or \
+        isinstance(e, RuntimeError) and re.search(r"out of memory|can't allocate memory", str(e)) is not None
+
+
+def cli(main, prog, kept):
+    """A script's main() from the shell: Ctrl-C ends it with one line (what was kept) and exit code 2."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        if getattr(e, "reported_to", None) is not sys.stderr:
+            print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,225 @@
+"""runtime.py: the faults of a run (Ctrl-C, out of memory, a full disk, divergence) and its messages, one line
+each, saying what was kept; files written whole; checkpoints that cannot be read; and which modules may import
+what: the model files nothing of the project, the scripts their plumbing from runtime.py, not train.py."""
+import ast
+from functools import partial
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import runtime
+import tasks
+import train
+from cli import exit_code
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--d_model", "16",
+        "--batch_size", "16", "--log_interval", "5", "--eval_samples", "50", "--eval_samples_during", "50"]
+MODEL_FILES = ("transformer.py", "mamba.py", "lstm.py", "mlp.py", "linear_attn.py")
+SCRIPTS = ("train.py", "geometry.py", "conditioning.py", "bench.py", "reproduce.py")
+
+
+run_main = partial(exit_code, train.main)
+
+
+def imports(path):
+    """The top-level package of every module a file imports."""
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    return {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+        {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
+
+
+@pytest.mark.parametrize("path", MODEL_FILES)
+def test_a_model_file_imports_only_torch_einops_and_the_standard_library(path):
+    found = imports(path)
+    assert "torch" in found
+    assert found - {"torch", "einops"} <= set(sys.stdlib_module_names), found
+    project = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
+    assert not found & project, found & project
+
+
+def test_the_import_check_sees_a_project_import(tmp_path):
+    (tmp_path / "m.py").write_text("import math\nfrom torch import nn\nif True:\n    from tasks import make_task\n")
+    assert imports(str(tmp_path / "m.py")) == {"math", "torch", "tasks"}
+
+
+@pytest.mark.parametrize("path", SCRIPTS)
+def test_no_script_takes_its_plumbing_from_train_py(path):
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    plumbing = {n.name for n in ast.parse(open(os.path.join(ROOT, "runtime.py")).read()).body
+                if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id == "train"} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "train" for a in n.names}
+    assert not used & plumbing, used & plumbing
+    assert {"pick_device", "CompiledOrEager", "guarded", "load_checkpoint", "write_file", "cli"} <= plumbing
+
+
+def test_print0_speaks_on_rank_0_only(monkeypatch, capsys):
+    runtime.print0("alone")
+    monkeypatch.setattr(runtime.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 1)
+    runtime.print0("rank 1")
+    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 0)
+    runtime.print0("rank 0", file=sys.stderr)
+    out = capsys.readouterr()
+    assert out.out == "alone\n" and out.err == "rank 0\n"
+
+
+class NotATensor:
+    pass
+
+
+@pytest.mark.parametrize("bad", ["missing", "empty", "garbage", "random", "text", "truncated", "pickled_object",
+                                 "not_train_py"])
+def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
+    path = tmp_path / "ckpt.pt"
+    if bad == "truncated":
+        assert run_main(TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]) == 0
+        path.write_bytes(path.read_bytes()[:3000])
+        capsys.readouterr()
+    elif bad == "pickled_object":
+        torch.save({"model": NotATensor()}, path)  # loading would need to run code
+    elif bad == "not_train_py":
+        torch.save({"weights": torch.zeros(2)}, path)
+    elif bad != "missing":
+        path.write_bytes(dict(empty=b"", garbage=b"not a checkpoint", text=b"epoch,loss\n1,0.5\n",
+                              random=bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0),
+                                                         dtype=torch.uint8).tolist()))[bad])
+    assert run_main(["--task", "bijection", "--eval_only", "--out_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    want = "no checkpoint" if bad == "missing" else "not a readable train.py checkpoint (truncated or corrupt?)"
+    assert len(err.splitlines()) == 1 and want in err and "weights_only" not in err, err
+
+
+def test_cli_exit_code_and_no_traceback():
+    p = subprocess.run([sys.executable, "train.py", "--task", "recall", "--n_pairs", "0"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "n_pairs must be an int >= 1" in p.stderr
+
+
+def test_a_fresh_run_refuses_an_existing_run_and_overwrite_replaces_it(tmp_path, capsys):
+    argv = TINY + ["--max_iters", "4", "--eval_interval", "2", "--ckpt_schedule", "eval", "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 0
+    before = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
+    capsys.readouterr()
+    assert run_main(argv) == 2  # the same command twice
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path) in err and "--resume" in err and "--overwrite" in err, err
+    assert {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)} == before  # untouched
+    argv = TINY + ["--max_iters", "3", "--eval_interval", "3", "--overwrite", "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 0
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]  # the old run's snapshots are gone
+    assert json.load(open(tmp_path / "results.json"))["iters"] == 3
+
+
+def test_diverging_run_names_a_last_good_checkpoint_that_exists(tmp_path, capsys):
+    for i, (log, ev) in enumerate([("20", "5"), ("1", "1")]):  # no checkpoint before the blow-up; one every step
+        out = tmp_path / str(i)
+        argv = TINY + ["--lr", "1e6", "--grad_clip", "0", "--warmup_iters", "0", "--max_iters", "40",
+                       "--log_interval", log, "--eval_interval", ev, "--out_dir", str(out)]
+        assert run_main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "stopping; last good checkpoint:" in err, err
+        if "none was saved yet" not in err:
+            state = torch.load(out / "ckpt.pt", weights_only=True)
+            assert f"(step {state['iter']})" in err
+            assert all(torch.isfinite(p).all() for p in state["model"].values())
+            assert all(math.isfinite(v) for h in state["history"] for v in h.values())
+        else:
+            assert not (out / "ckpt.pt").exists()
+
+
+def test_write_file_keeps_the_old_file_when_a_write_fails(tmp_path):
+    path = str(tmp_path / "r.json")
+    runtime.write_json(path, {"a": 1})
+
+    def half(tmp):
+        open(tmp, "w").write('{"a": ')
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left on device") as e:
+        runtime.write_file(path, half)
+    assert e.value.filename == path  # named in the one-line report
+    assert json.load(open(path)) == {"a": 1} and os.listdir(tmp_path) == ["r.json"]
+
+
+@pytest.mark.parametrize("fault", ["disk_full", "out_of_memory", "ctrl_c"])
+def test_faults_during_a_run_are_one_line_and_keep_the_last_checkpoint(tmp_path, capsys, monkeypatch, fault):
+    assert run_main(TINY + ["--max_iters", "4", "--eval_interval", "4", "--out_dir", str(tmp_path)]) == 0
+    good = (tmp_path / "ckpt.pt").read_bytes()
+    real_save, real_sample = torch.save, tasks.Bijection.sample
+
+    def full_disk(obj, f, *a, **k):
+        open(f, "wb").write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
+
+    def sample(self, n, g=None):
+        if n < 50:  # a training batch, not the held-out set
+            raise torch.OutOfMemoryError("CUDA out of memory") if fault == "out_of_memory" else KeyboardInterrupt
+        return real_sample(self, n, g)
+
+    monkeypatch.setattr(torch, "save", full_disk) if fault == "disk_full" else \
+        monkeypatch.setattr(tasks.Bijection, "sample", sample)
+    (tmp_path / "ckpt.pt.tmp").write_bytes(b"left by a kill -9")  # removed when the run starts
+    capsys.readouterr()
+    argv = ["--task", "bijection", "--resume", "--max_iters", "8", "--out_dir", str(tmp_path)]
+    if fault == "ctrl_c":  # said, then raised on, so that a sweep calling main() stops too
+        with pytest.raises(KeyboardInterrupt):
+            run_main(argv)
+    else:
+        assert run_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    want = dict(disk_full="ckpt.pt: [enforce fail", out_of_memory="out of memory", ctrl_c="interrupted")[fault]
+    assert len(err.splitlines()) == 1 and want in err and f"kept {tmp_path / 'ckpt.pt'} (step 4)" in err, err
+    assert (tmp_path / "ckpt.pt").read_bytes() == good and sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]
+    monkeypatch.setattr(torch, "save", real_save)
+
+
+def test_out_of_memory_before_the_first_checkpoint_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tasks.Bijection, "sample", lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")))
+    assert run_main(TINY + ["--max_iters", "4", "--out_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "out of memory" in err and "no checkpoint was saved" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_unusable_out_dir_is_a_one_line_error(tmp_path, capsys, where):
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" if where == "file" else tmp_path / "f" / "run"
+    assert run_main(TINY + ["--max_iters", "2", "--out_dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out_dir {out}: cannot write there ({tmp_path / 'f'} is a file)" in err
+
+
+def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
+    argv = [sys.executable, "train.py"] + TINY + ["--max_iters", "100000", "--eval_interval", "5",
+                                                  "--log_interval", "5", "--out_dir", str(tmp_path)]
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=os.environ | {"OMP_NUM_THREADS": "1"})
+    seen = False
+    for line in p.stdout:  # wait for the first checkpoint: the progress line after the first evaluation
+        if seen:
+            break
+        seen = line.startswith("eval step")
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "interrupted at step" in err and f"kept {tmp_path / 'ckpt.pt'} (step" in err
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_ctrl_c_outside_a_run_is_one_line_and_exit_2(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as e:
+        runtime.cli(interrupted, "x.py", "nothing was written")
+    assert e.value.code == 2 and capsys.readouterr().err == "x.py: error: interrupted; nothing was written\n"
