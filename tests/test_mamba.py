@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan
+from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan, selective_scan_ref
 
 torch.set_num_threads(1)
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
@@ -61,6 +61,14 @@ def test_scan_matches_brute_force(mode):
     y_ref, last_ref = brute_force(x["u"], delta, x["A"], x["B"], x["C"], x["D"], x["z"])
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(last, last_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_loop_matches_brute_force():
+    x = scan_inputs(2, 3, 4, 6)
+    delta = F.softplus(x["delta"] + x["delta_bias"][:, None])
+    args = x["u"], delta, x["A"], x["B"], x["C"], x["D"], x["z"]
+    for got, want in zip(selective_scan_ref(*args), brute_force(*args)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype,l,tol", [(torch.float64, 1, 1e-12), (torch.float64, 7, 1e-12), (torch.float64, 50, 1e-12),
