@@ -220,11 +220,13 @@ SCAN_MODES = ("sequential", "compiled", "chunked")
 DEFAULT_SCAN = {"cpu": os.environ.get("WINDTUNNEL_SCAN", "compiled")}
 if DEFAULT_SCAN["cpu"] not in SCAN_MODES:
     raise ValueError(f"WINDTUNNEL_SCAN={DEFAULT_SCAN['cpu']!r}: valid modes are {', '.join(SCAN_MODES)}")
-DEFAULT_CHUNK = 16  # steps between the states the sequential scan keeps for the backward
+# steps between the states kept for the backward; "chunked" also runs each block of them at once, on
+# (chunk, b, d, n) tensors: its memory grows with the chunk, its kernel launches with l / sqrt(chunk)
+DEFAULT_CHUNK = {"sequential": 16, "compiled": 16, "chunked": 32}
 
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                   return_last_state=False, mode=None, chunk=DEFAULT_CHUNK):
+                   return_last_state=False, mode=None, chunk=None):
     """y (b, d, l) = SSM(u) with h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t u_t, y_t = C_t h_t (+ D u_t) (* SiLU(z_t)).
 
     Shapes: u, delta, z (b, d, l); A (d, n); B, C (b, n, l); D, delta_bias (d,). delta, B, C and z must
@@ -232,10 +234,12 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     float32 under autocast. The maths runs in float32, or in float64 for float64 inputs (the reference
     would round those to float32). y comes back in u's dtype. With return_last_state it also returns
     h at the last step, (b, d, n), in the compute dtype, as the reference does. `chunk`: the steps
-    between the states kept for the backward (SelectiveScan); it changes memory and speed, not results.
+    between the states kept for the backward (SelectiveScan; None: DEFAULT_CHUNK's for the mode); it
+    changes memory and speed, not results.
     """
     _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias, mode, chunk)
     mode = mode or DEFAULT_SCAN.get(u.device.type, "chunked")
+    chunk = chunk or DEFAULT_CHUNK[mode]
     dtype_in, dtype = u.dtype, torch.promote_types(u.dtype, torch.float32)
     with torch.autocast(u.device.type, enabled=False):  # bf16 autocast must not reach the recurrence
         first = lambda t, p: None if t is None else rearrange(t.to(dtype), p)  # time-first views
@@ -275,8 +279,8 @@ def _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias, mode, chunk):
     for name, t in named.items():
         if t is not None and t.device != u.device:
             fail(f"{name} is on {t.device} but u is on {u.device}")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        fail(f"chunk must be an int >= 1, got {chunk!r}")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        fail(f"chunk must be None or an int >= 1, got {chunk!r}")
     if mode is not None and mode not in SCAN_MODES:
         fail(f"unknown mode {mode!r}; valid: None (per device), {', '.join(SCAN_MODES)}")
 
@@ -297,21 +301,22 @@ class SelectiveScan(torch.autograd.Function):
         dL/dC_t = Σ_d dL/dy_t h_t,   dL/d(Δ_t u_t) = Σ_n g_t B_t,   dL/dB_t = Σ_d g_t Δ_t u_t,
         dL/d(Δ_t A) = g_t h_{t-1} exp(Δ_t A)  (-> Δ_t through A, A through Δ_t).
     Every tensor in the loops is one step's (b, d, n) slice, small enough to stay in cache.
-    Mode "chunked" runs the same maths on whole (l, b, d, n) tensors with `linear_scan`'s chunked
-    form (for GPUs): it keeps only the inputs, and its backward recomputes everything.
+    Mode "chunked" (for GPUs) keeps the same states, but runs each block at once on (chunk, b, d, n)
+    tensors, with `linear_scan`'s parallel form forwards and backwards in time, and the skip, gate and
+    softplus block by block too: nothing of size (l, b, d, n) is ever made, and y is recomputed.
     """
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, D, z, delta_bias, softplus, chunk, mode):
         ctx.chunk, ctx.mode, ctx.softplus = chunk, mode, softplus
-        dt = step_sizes(delta, delta_bias, softplus)
-        if mode == "chunked":
-            y, H, _ = scan_parallel(u, dt, A, B, C)
-            last, starts = H[-1].clone(), None
+        if mode == "chunked":  # y is recomputed block by block in the backward
+            out, last, starts = scan_chunks(u, delta, A, B, C, D, z, delta_bias, softplus, chunk)
+            y = None
         else:
-            y, last, starts = scan_blocks(u, dt, A, B, C, chunk, mode)
+            y, last, starts = scan_blocks(u, step_sizes(delta, delta_bias, softplus), A, B, C, chunk, mode)
+            out = gate(y, u, D, z)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, starts, y if z is not None else None)
-        return gate(y, u, D, z), last
+        return out, last
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -321,22 +326,15 @@ class SelectiveScan(torch.autograd.Function):
             b, d, n = *u.shape[1:], A.shape[1]
             g = u.new_zeros(b, d, n) if g_last is None else g_last.to(u.dtype)  # dL/dh_l from the last state
             gy = torch.zeros_like(u) if g_out is None else g_out.to(u.dtype)
-            g_D = g_z = None
-            if z is not None:  # out = (y + D u) SiLU(z); SiLU'(z) = σ(z) (1 + z (1 - σ(z)))
-                s = torch.sigmoid(z)
-                g_z = gy * gate(y, u, D, None) * s * (1 + z * (1 - s))
-                gy = gy * z * s
-            if D is not None:
-                g_D = (gy * u).sum((0, 1))
-            dt = step_sizes(delta, delta_bias, ctx.softplus)
             if ctx.mode == "chunked":
-                gu, gdt, gA, gB, gC = scan_parallel_backward(u, dt, A, B, C, gy, g)
-            else:
-                gu, gdt, gA, gB, gC = scan_blocks_backward(u, dt, A, B, C, gy, g, starts, ctx.chunk, ctx.mode)
+                return *scan_chunks_backward(u, delta, A, B, C, D, z, delta_bias, ctx.softplus, gy, g, starts,
+                                             ctx.chunk), None, None, None
+            gy, g_z, g_D = gate_backward(gy, y, u, D, z)
+            dt = step_sizes(delta, delta_bias, ctx.softplus)
+            gu, gdt, gA, gB, gC = scan_blocks_backward(u, dt, A, B, C, gy, g, starts, ctx.chunk, ctx.mode)
             if D is not None:
                 gu += gy * D
-            g_delta = gdt * torch.sigmoid(delta if delta_bias is None else delta + delta_bias) if ctx.softplus else gdt
-            g_bias = None if delta_bias is None else g_delta.sum((0, 1))
+            g_delta, g_bias = delta_backward(gdt, delta, delta_bias, ctx.softplus)
             return gu, g_delta, gA, gB, gC, g_D, g_z, g_bias, None, None, None
 
 
@@ -350,6 +348,24 @@ def gate(y, u, D, z):
     """The block's y + D u (the skip), times SiLU(z) (the gate)."""
     y = y if D is None else y + u * D
     return y if z is None else y * F.silu(z)
+
+
+def gate_backward(gy, y, u, D, z):
+    """From dL/d(gate's output): dL/dy, and the gradients of z and D (None where absent)."""
+    g_D = g_z = None
+    if z is not None:  # out = (y + D u) SiLU(z); SiLU'(z) = σ(z) (1 + z (1 - σ(z)))
+        s = torch.sigmoid(z)
+        g_z = gy * gate(y, u, D, None) * s * (1 + z * (1 - s))
+        gy = gy * z * s
+    if D is not None:
+        g_D = (gy * u).sum((0, 1))
+    return gy, g_z, g_D
+
+
+def delta_backward(gdt, delta, delta_bias, softplus):
+    """From dL/dΔ: the gradients of delta and delta_bias (None where absent), through step_sizes."""
+    g_delta = gdt * torch.sigmoid(delta if delta_bias is None else delta + delta_bias) if softplus else gdt
+    return g_delta, None if delta_bias is None else g_delta.sum((0, 1))
 
 
 def scan_step(h, dt, u, B, C, A):
@@ -422,48 +438,78 @@ def scan_blocks_backward(u, delta, A, B, C, gy, g, starts, chunk, mode):
     return gu, gdelta, gA, gB, gC
 
 
+def scan_chunks(u, delta, A, B, C, D, z, delta_bias, softplus, chunk):
+    """SelectiveScan's chunked forward: each block of `chunk` steps at once from its entering state, the
+    blocks one after another. Returns the gated output (l, b, d), the last state, the state entering each block."""
+    (l, b, d), n = u.shape, A.shape[1]
+    h, starts, out = u.new_zeros(b, d, n), [], torch.empty_like(u)
+    for s in (slice(t, t + chunk) for t in range(0, l, chunk)):
+        starts.append(h)
+        dt = step_sizes(delta[s], delta_bias, softplus)
+        H = linear_scan(torch.exp(dt[..., None] * A), (dt * u[s])[..., None] * B[s, :, None], h)  # (chunk, b, d, n)
+        h = H[-1].clone()  # not a view: H goes with this block
+        out[s] = gate((H @ C[s, ..., None]).squeeze(-1), u[s], D, None if z is None else z[s])
+    return out, h, torch.stack(starts)
+
+
+def scan_chunks_backward(u, delta, A, B, C, D, z, delta_bias, softplus, gy_out, g, starts, chunk):
+    """SelectiveScan's chunked backward: the blocks from the last, each at once: recompute its states from its
+    entering state, then the adjoint recurrence (SelectiveScan's docstring) backwards through it."""
+    gu, gdelta, gB, gC = (torch.empty_like(t) for t in (u, delta, B, C))
+    g_z = None if z is None else torch.empty_like(z)
+    gA, g_D, g_bias = torch.zeros_like(A), None if D is None else 0, None if delta_bias is None else 0
+    for i in reversed(range(len(starts))):
+        s = slice(i * chunk, (i + 1) * chunk)
+        dt = step_sizes(delta[s], delta_bias, softplus)
+        dA = torch.exp(dt[..., None] * A)  # (chunk, b, d, n)
+        H = linear_scan(dA, (dt * u[s])[..., None] * B[s, :, None], starts[i])
+        y = None if z is None else (H @ C[s, ..., None]).squeeze(-1)
+        gy, g_z_s, g_D_s = gate_backward(gy_out[s], y, u[s], D, None if z is None else z[s])
+        # g_t = C_t gy_t + exp(Δ_{t+1} A) g_{t+1}; past the block's end, g (the carry) is already multiplied
+        a_next = torch.exp(torch.cat([dt[1:], torch.zeros_like(dt[:1])])[..., None] * A)
+        G = linear_scan(a_next, gy[..., None] * C[s, :, None], g, reverse=True)
+        del a_next
+        gC[s] = (gy[:, :, None] @ H).squeeze(-2)
+        g_du = (G @ B[s, ..., None]).squeeze(-1)  # dL/d(Δ_t u_t)
+        gB[s] = ((dt * u[s])[:, :, None] @ G).squeeze(-2)
+        g = dA[0] * G[0]  # the carry into the block before
+        G[1:].mul_(H[:-1])
+        G[0].mul_(starts[i])
+        g_dA = G.mul_(dA)  # dL/d(Δ_t A) = g_t h_{t-1} exp(Δ_t A)
+        del H
+        gu[s] = g_du * dt + (0 if D is None else gy * D)
+        gdt = g_du * u[s] + (g_dA * A).sum(-1)
+        gA += torch.einsum("tbdn,tbd->dn", g_dA, dt)
+        gdelta[s], g_bias_s = delta_backward(gdt, delta[s], delta_bias, softplus)
+        if z is not None:
+            g_z[s] = g_z_s
+        if D is not None:
+            g_D = g_D + g_D_s
+        if delta_bias is not None:
+            g_bias = g_bias + g_bias_s
+    return gu, gdelta, gA, gB, gC, g_D, g_z, g_bias
+
+
 def linear_scan(a, x, h, reverse=False):
     """Every state of h_t = a_t h_{t-1} + x_t (t = 1..T) from h_0 = h, in about 2 sqrt(T) sequential steps.
 
     a, x (T, b, d, n), h (b, d, n); reverse=True runs backwards in time, h_t = a_t h_{t+1} + x_t from
-    h_{T+1} = h. Split T into chunks of k = ceil(sqrt(T)) steps; k steps advance every chunk at once
-    from a zero state, keeping the local states L and the decay products P; one step per chunk
-    carries the true state across chunk starts; then h = L + P * start. Only products of a_t <= 1
-    are formed, so nothing overflows and nothing is divided.
+    h_{T+1} = h. Split T into pieces of k = ceil(sqrt(T)) steps; k steps advance every piece at once
+    from a zero state, keeping the local states L and the decay products P; one step per piece
+    carries the true state across piece boundaries; then h = L + P * entering state. Only products of
+    a_t <= 1 are formed, so nothing overflows and nothing is divided. Makes two copies of a's size.
     """
-    if reverse:
-        return linear_scan(a.flip(0), x.flip(0), h).flip(0)
     T = x.shape[0]
     k = math.isqrt(T - 1) + 1
-    pad = -T % k  # padded steps (a = 1, x = 0) leave the state unchanged
-    a = torch.cat([a, a.new_ones(pad, *a.shape[1:])]).unflatten(0, (-1, k))  # (c, k, b, d, n)
-    x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])]).unflatten(0, (-1, k))
-    L, P = x.clone(), a.clone()
-    for j in range(1, k):
-        L[:, j].addcmul_(a[:, j], L[:, j - 1])
-        P[:, j].mul_(P[:, j - 1])
-    starts = [h]
-    for i in range(x.shape[0] - 1):
-        starts.append(torch.addcmul(L[i, -1], P[i, -1], starts[-1]))
-    return L.addcmul_(P, torch.stack(starts)[:, None]).flatten(0, 1)[:T]
-
-
-def scan_parallel(u, delta, A, B, C):
-    """The chunked form of SelectiveScan's forward on whole (l, b, d, n) tensors, for GPUs: y, the states
-    and exp(Δ A), from 2 sqrt(l) steps of work on large tensors instead of l steps on small ones."""
-    dA = torch.exp(delta[..., None] * A)
-    H = linear_scan(dA, (delta * u)[..., None] * B[:, :, None], u.new_zeros(*u.shape[1:], A.shape[1]))
-    return (H @ C[..., None]).squeeze(-1), H, dA
-
-
-def scan_parallel_backward(u, delta, A, B, C, gy, g_last):
-    """The gradients of scan_parallel's y (and last state), recomputing its states: the adjoint
-    recurrence of SelectiveScan's docstring, run by linear_scan backwards in time."""
-    _, H, dA = scan_parallel(u, delta, A, B, C)
-    a_next = torch.cat([dA[1:], torch.ones_like(dA[:1])])
-    G = linear_scan(a_next, gy[..., None] * C[:, :, None], g_last, reverse=True)  # g_t = dL/dh_t
-    gC = (gy[:, :, None] @ H).squeeze(-2)
-    g_du = (G @ B[..., None]).squeeze(-1)
-    gB = ((delta * u)[:, :, None] @ G).squeeze(-2)
-    g_dA = G.mul_(torch.cat([torch.zeros_like(H[:1]), H[:-1]])).mul_(dA)
-    return g_du * delta, g_du * u + (g_dA * A).sum(-1), torch.einsum("tbdn,tbd->dn", g_dA, delta), gB, gC
+    pad = -T % k  # padded steps (a = 1, x = 0) at the end leave the state unchanged, in either direction
+    P = torch.cat([a, a.new_ones(pad, *a.shape[1:])]).unflatten(0, (-1, k))  # (pieces, k, b, d, n)
+    L = torch.cat([x, x.new_zeros(pad, *x.shape[1:])]).unflatten(0, (-1, k))
+    back = 1 if reverse else -1  # the neighbour a step depends on
+    for j in (range(k - 2, -1, -1) if reverse else range(1, k)):
+        L[:, j].addcmul_(P[:, j], L[:, j + back])  # P[:, j] is still a_j here
+        P[:, j].mul_(P[:, j + back])
+    edge = 0 if reverse else -1  # each piece's state on leaving it
+    enter = [h]
+    for i in (range(L.shape[0] - 1, 0, -1) if reverse else range(L.shape[0] - 1)):
+        enter.append(torch.addcmul(L[i, edge], P[i, edge], enter[-1]))
+    return L.addcmul_(P, torch.stack(enter[::-1] if reverse else enter)[:, None]).flatten(0, 1)[:T]
