@@ -19,9 +19,9 @@ h (b, d_in, n) state; deltaA = Ā = exp(ΔA); deltaB_u = B̄x = ΔBx.
 Scan modes (`selective_scan`, one autograd Function that stores no per-step states: the forward keeps
 the state entering each block of `chunk` steps, the backward recomputes each block and runs the adjoint
 recurrence backwards in time): "sequential", one step at a time on (b, d, n) slices; "compiled", the same
-with each step fused by torch.compile (the CPU default); "chunked", whole (l, b, d, n) tensors in about
-2 sqrt(l) sequential steps (`linear_scan`), for GPUs. With Δ >= 0 and A <= 0 every exponent is <= 0 and
-nothing is divided by a decay, so all three are finite at any length.
+with each step fused by torch.compile (the CPU default); "chunked", for GPUs, each block at once on
+(chunk, b, d, n) tensors (`linear_scan`). With Δ >= 0 and A <= 0 every exponent is <= 0 and nothing is
+divided by a decay, so all three are finite at any length.
 """
 from dataclasses import dataclass
 import math
