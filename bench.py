@@ -45,19 +45,26 @@ import train
 
 
 def syncer(dev):
-    """What waits for the device's queued work before a clock is read."""
-    return torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    """What waits for the device's queued work before a clock is read: CUDA and MPS run asynchronously."""
+    return {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(dev.type, lambda: None)
+
+
+def max_rss():
+    """The resident set's high-water mark in bytes: getrusage gives kilobytes on Linux, bytes on macOS."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def time_and_peak(step, dev, warmup, reps):
-    """Best time of step() over reps runs after warmup runs, and the peak memory it added (MB): the
-    high-water resident set on CPU (which only grows), torch.cuda.max_memory_allocated on CUDA."""
+    """Best time of step() over reps runs after warmup runs, and the peak memory it added (MB):
+    torch.cuda.max_memory_allocated on CUDA; on MPS the most the Metal driver held after a step (its
+    cache keeps what a step freed); on CPU the high-water resident set (which only grows)."""
     sync = syncer(dev)
+    held = torch.mps.driver_allocated_memory if dev.type == "mps" else max_rss
     if dev.type == "cuda":
         base = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes on Linux
+        base = top = held()
     times = []
     for i in range(warmup + reps):
         sync()
@@ -66,9 +73,8 @@ def time_and_peak(step, dev, warmup, reps):
         sync()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    peak = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) - base
-    return min(times), peak / 2**20
+        top = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else max(top, held())
+    return min(times), (top - base) / 2**20
 
 
 def best_time(fn, dev, warmup, reps):

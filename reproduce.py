@@ -13,7 +13,8 @@ output goes to train.log beside results.json. A cell with a results.json is fini
 skipped, and one with only a ckpt.pt is resumed from it, so an interrupted sweep picks up
 where it stopped. With one job (the default without GPUs, or with one) the cells run one
 after another in this process; with several (default: one per visible GPU) each runs as a
-subprocess that sees one GPU (CUDA_VISIBLE_DEVICES). Model sizes come from train.py's PRESETS
+subprocess that sees one GPU (CUDA_VISIBLE_DEVICES: one of those this process was given, an
+inherited CUDA_VISIBLE_DEVICES respected). Model sizes come from train.py's PRESETS
 (the quick preset's LSTM and MLP are matched to within 1% of its transformer's parameters;
 in the paper preset the MLP is matched, the LSTM is the authors' unmatched one). `tiny` runs
 the quick cells for a few steps at toy sizes, for tests.
@@ -110,6 +111,13 @@ def note_command(log, argv):
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} train.py {' '.join(argv)}\n")
 
 
+def visible_gpus(n_gpus):
+    """The names of this process's n_gpus GPUs for a child's CUDA_VISIBLE_DEVICES: those of an inherited
+    CUDA_VISIBLE_DEVICES (indices or UUIDs), else 0..n_gpus-1."""
+    inherited = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return inherited[:n_gpus] if len(inherited) >= n_gpus else [str(i) for i in range(n_gpus)]
+
+
 def run_cells(todo, jobs, n_gpus):
     """Run (label, argv, log) cells, `jobs` at a time; yields (label, exit code, seconds) as they end."""
     if jobs == 1:
@@ -119,15 +127,15 @@ def run_cells(todo, jobs, n_gpus):
             t0 = time.time()
             yield label, run_in_process(argv, log), time.time() - t0
         return
-    queue, running = list(todo), {}  # slot -> (label, process, log file, start)
+    queue, running, gpus = list(todo), {}, visible_gpus(n_gpus)  # running: slot -> (label, process, log file, start)
     while queue or running:
         for slot in range(jobs):
             if slot not in running and queue:
                 label, argv, log = queue.pop(0)
                 env, where = dict(os.environ), ""
                 if n_gpus:
-                    env["CUDA_VISIBLE_DEVICES"] = str(slot % n_gpus)
-                    where = f" on GPU {slot % n_gpus}"
+                    env["CUDA_VISIBLE_DEVICES"] = gpus[slot % n_gpus]
+                    where = f" on GPU {gpus[slot % n_gpus]}"
                 note_command(log, argv)
                 f = open(log, "a")
                 p = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *argv],

@@ -123,8 +123,8 @@ class CausalSelfAttention(nn.Module):
         if head_mask is None and record is None:
             if bias is None:
                 y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)  # (B, H, T, d)
-            else:  # the bias carries the causal mask
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=drop)
+            else:  # the bias carries the causal mask; 4-D (1, H, T, T), the shape cuDNN's attention takes
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[None].to(q.dtype), dropout_p=drop)
         else:
             att = (q @ k.transpose(-2, -1)) / math.sqrt(k.shape[-1])  # (B, H, T, T)
             if bias is None:

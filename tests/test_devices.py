@@ -249,3 +249,34 @@ def test_bench_scan_warms_up_the_backward_before_measuring(monkeypatch):
     args = bench.argparse.Namespace(threads=1, device="cpu", seed=0, B=1, D=4, N=2, warmup=0, reps=1)
     bench.measure_scan("chunked", 16, args)
     assert events.index("backward") < events.index("measure")  # cuBLAS's workspace is made before the baseline
+
+
+def test_bench_synchronises_mps_and_reads_the_resident_set_by_platform(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: calls.append("mps"))
+    bench.syncer(torch.device("mps"))()
+    assert calls == ["mps"]
+    monkeypatch.setattr(bench.resource, "getrusage", lambda who: bench.argparse.Namespace(ru_maxrss=3000))
+    monkeypatch.setattr(bench.sys, "platform", "darwin")  # bytes
+    assert bench.max_rss() == 3000
+    monkeypatch.setattr(bench.sys, "platform", "linux")  # kilobytes
+    assert bench.max_rss() == 3000 * 1024
+
+
+def test_reproduce_keeps_an_inherited_cuda_visible_devices(tmp_path, monkeypatch):
+    envs = []
+
+    class Done:
+        returncode = 0
+
+        def __init__(self, cmd, env, **kw):
+            envs.append(env["CUDA_VISIBLE_DEVICES"])
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, GPU-7f3a")
+    monkeypatch.setattr(reproduce.subprocess, "Popen", Done)
+    todo = [((f"t{i}", "m"), [], str(tmp_path / f"log{i}")) for i in range(2)]
+    assert [rc for _, rc, _ in reproduce.run_cells(todo, 2, 2)] == [0, 0]
+    assert sorted(envs) == ["5", "GPU-7f3a"]

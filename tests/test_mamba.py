@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan
+from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan, selective_scan_ref
 
 torch.set_num_threads(1)
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
@@ -21,10 +21,10 @@ def scan_inputs(b, d, n, l, dtype=torch.float64, seed=0, delta_scale=1.0):
     return {k: v.to(dtype) for k, v in x.items()}
 
 
-def run_scan(x, mode, seed=1):
+def run_scan(x, mode, seed=1, chunk=None):
     """y, last state and the gradients of every input under a random cotangent."""
     x = {k: v.detach().clone().requires_grad_() for k, v in x.items()}
-    y, last = selective_scan(**x, delta_softplus=True, return_last_state=True, mode=mode)
+    y, last = selective_scan(**x, delta_softplus=True, return_last_state=True, mode=mode, chunk=chunk)
     g = torch.Generator().manual_seed(seed)
     gy, gl = torch.randn(y.shape, generator=g).to(y.dtype), torch.randn(last.shape, generator=g).to(last.dtype)
     grads = torch.autograd.grad((y * gy).sum() + (last * gl).sum(), [x[k] for k in NAMES])
@@ -63,15 +63,51 @@ def test_scan_matches_brute_force(mode):
     torch.testing.assert_close(last, last_ref, rtol=1e-12, atol=1e-12)
 
 
+def test_reference_loop_matches_brute_force():
+    x = scan_inputs(2, 3, 4, 6)
+    delta = F.softplus(x["delta"] + x["delta_bias"][:, None])
+    args = x["u"], delta, x["A"], x["B"], x["C"], x["D"], x["z"]
+    for got, want in zip(selective_scan_ref(*args), brute_force(*args)):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype,l,tol", [(torch.float64, 1, 1e-12), (torch.float64, 7, 1e-12), (torch.float64, 50, 1e-12),
                                          (torch.float64, 130, 1e-12), (torch.float32, 7, 1e-5), (torch.float32, 50, 1e-5),
                                          (torch.float32, 130, 1e-5)])
 def test_chunked_matches_sequential(dtype, l, tol):
-    # chunk length ceil(sqrt(l)) = 1, 3, 8, 12: none of 7, 50, 130 is a multiple, so the last chunk is padded
+    # blocks of 1, 3, 16, 32 (the default) and 200 steps: none of 7, 50, 130 is a multiple of 3, 16 or 32, so
+    # the last block is short; within a block linear_scan's pieces of ceil(sqrt(block)) steps are padded too
     x = scan_inputs(2, 5, 4, l, dtype)
-    seq, par = run_scan(x, "sequential"), run_scan(x, "chunked")
-    for k in seq:
-        assert rel_err(par[k], seq[k]) < tol, k
+    seq = run_scan(x, "sequential")
+    for chunk in (1, 3, 16, None, 200):
+        par = run_scan(x, "chunked", chunk=chunk)
+        for k in seq:
+            assert rel_err(par[k], seq[k]) < tol, (chunk, k)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an op returns (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            self.numel = max(self.numel, t.numel() if isinstance(t, torch.Tensor) else 0)
+        return out
+
+
+def test_chunked_memory_does_not_grow_with_the_length():
+    # d and n > l / chunk, so that the (l, b, d) and (l, b, n) inputs and outputs are smaller than a block's
+    # (chunk, b, d, n) tensors (padded to whole pieces of linear_scan: 9 steps) and than the l / chunk states kept
+    # for the backward; nothing has the l (b, d, n) states of the whole sequence
+    b, d, n, chunk = 1, 40, 40, 8
+    for l in (64, 256):
+        with LargestTensor() as spy:
+            run_scan(scan_inputs(b, d, n, l, torch.float32), "chunked", chunk=chunk)
+        assert spy.numel <= max(9, l // chunk) * b * d * n <= l * b * d * n / 8, (l, spy.numel)
 
 
 def reference_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):

@@ -48,6 +48,23 @@ def test_explicit_attention_matches_sdpa_and_returns_internals():
     assert torch.allclose(model(x, head_mask=torch.ones(2, 2)), out, atol=1e-12)
 
 
+@pytest.mark.parametrize("pos,n_pos,window", [("alibi", 0, 0), ("learned", 0, 4), ("learned_alibi", 6, 4)])
+def test_sdpa_gets_a_4d_bias_and_matches_the_explicit_path(monkeypatch, pos, n_pos, window):
+    # cuDNN's attention takes a (B or 1, H, T, T) mask, not the 3-D (H, T, T) bias
+    masks, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, attn_mask=None, **kw):
+        masks.append(attn_mask)
+        return sdpa(*a, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    model = tiny(pos=pos, n_pos=n_pos, window=window)
+    x = torch.randint(12, (3, 16))
+    fused = model(x)
+    assert len(masks) == 2 and all(m.shape == (1, 2, 16, 16) for m in masks)
+    torch.testing.assert_close(fused, model(x, return_internals=True)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_masking_every_head_equals_zeroing_the_attention_output():
     model = tiny()
     x = torch.randint(12, (2, 16))
