@@ -43,8 +43,8 @@ def build(cfg, device):
     Config, Model = MODELS[cfg["model"]]
     io = {k: getattr(task, k) for k in IO_FIELDS}
     # training sequences (every key queried) can be longer than the evaluation's: the context fits both
-    lengths = [t.seq_len for t in eval_tasks.values()] + ([task.all_queries().seq_len] if train["train_all_queries"] else [])
-    longest = max(lengths)
+    train_tasks = [task.all_queries()] if train["train_all_queries"] else []
+    longest = max(t.seq_len for t in [*eval_tasks.values(), *train_tasks])
     mc = {"block_size": longest} | cfg["model_opts"] | io
     if train["match_params"]:
         mc = match_width(cfg, Config, Model, mc, {"block_size": longest} | io)
@@ -81,21 +81,15 @@ def make_optimizer(model, train, device):
 
 
 def muon_params(model):
-    """The names of the parameters Muon takes: the 2-D weights of the linear maps inside the blocks (nn.Linear,
-    and nn.LSTM's input and recurrent matrices), under `blocks.` (transformer, Mamba, MLP, linear attention) or
-    `layers.` (LSTM). Per model, Muon gets: transformer c_attn, c_proj, c_fc; Mamba in_proj, x_proj, dt_proj,
-    out_proj; LSTM weight_ih, weight_hh; MLP c_fc, c_proj; linear attention c_attn, c_beta, c_proj, c_fc.
-    AdamW keeps the embeddings, position tables, read-ins, heads, norms' gains, biases, convolutions,
-    per-head scalars, and every parameter marked `_no_weight_decay` (Mamba's A_log and D), which an
-    orthogonalised update would mix across state dimensions."""
-    names = set()
-    for mname, m in model.named_modules():
-        if not mname.startswith(("blocks.", "layers.")) or not isinstance(m, (torch.nn.Linear, torch.nn.LSTM)):
-            continue
-        for pname, p in m.named_parameters(recurse=False):
-            if p.dim() == 2 and pname.startswith(("weight",)) and not getattr(p, "_no_weight_decay", False):
-                names.add(f"{mname}.{pname}")
-    return names
+    """The names of the parameters Muon takes: the 2-D weights of the linear maps (nn.Linear, nn.LSTM) inside
+    the blocks: transformer c_attn, c_proj, c_fc; Mamba in_proj, x_proj, dt_proj, out_proj; LSTM weight_ih,
+    weight_hh; MLP c_fc, c_proj; linear attention c_attn, c_beta, c_proj, c_fc. AdamW keeps embeddings,
+    position tables, read-ins, heads, gains, biases, convolutions, per-head scalars, and what is marked
+    `_no_weight_decay` (Mamba's A_log and D, whose rates an orthogonalised update would mix)."""
+    return {f"{mn}.{pn}" for mn, m in model.named_modules()
+            if mn.startswith(("blocks.", "layers.")) and isinstance(m, (torch.nn.Linear, torch.nn.LSTM))
+            for pn, p in m.named_parameters(recurse=False)
+            if p.dim() == 2 and pn.startswith("weight") and not getattr(p, "_no_weight_decay", False)}
 
 
 def get_lr(it, train):
