@@ -1,6 +1,6 @@
 """Bring your own model: a new architecture is one file with the shared interface (a dataclass config with the
 I/O fields the task fills in, forward(x), num_params()) and one entry in presets.MODELS; train.py then trains it
-on every task, with its flags in --help, and reproduce.py sweeps it. The file is BYO.md's example."""
+on every task, with its flags in --help, and reproduce.py sweeps it. The file is the README's example."""
 import importlib
 import json
 
