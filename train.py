@@ -235,7 +235,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
     task, eval_tasks, model, opt, model_config = build(cfg, device)
     stop, (use_bf16, ctx) = parse_stop(train["stop_at"], task), autocast(train["dtype"], device)
     batches = Batches(task, train, device, proc.rank, proc.world)
-    out_dir = prepare_out_dir(train, resume_state is not None, proc.master)
+    out_dir = prepare_out_dir(train, resume_state is not None, proc)
     it, elapsed, history = resume(resume_state, model, opt, batches, device, train)
     fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)
     eval_fwd = model if proc.world > 1 else fwd  # the bare model: no gradient hooks, no collectives
