@@ -345,3 +345,14 @@ def test_train_all_queries_trains_on_every_key_and_evaluates_the_task(tmp_path):
     assert r["task_options"]["n_queries"] == 2 and r["config"]["train"]["train_all_queries"]
     with pytest.raises(ValueError, match="--train_all_queries is an option of --task recall"):
         train.build(presets.build_config("hmm", "transformer", "quick", dict(train_all_queries=True)), torch.device("cpu"))
+
+
+def test_resume_with_more_steps_keeps_the_curriculum_schedule():
+    opts = dict(curriculum="n_pairs=3", n_queries=2, max_iters=20)
+    cfg = presets.build_config("recall", "transformer", "quick", opts)
+    assert cfg["train"]["curriculum_iters"] == 10  # half of --max_iters, fixed at the start
+    task = tasks.make_task("recall", **cfg["task_opts"])
+    before = train.parse_curriculum("n_pairs=3", task, cfg["train"])
+    after = train.parse_curriculum("n_pairs=3", task, cfg["train"] | dict(max_iters=40))  # --resume --max_iters 40
+    assert [after(it).n_pairs for it in range(20)] == [before(it).n_pairs for it in range(20)]
+    assert after(10) == task and before(0).n_pairs == 3
