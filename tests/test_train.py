@@ -356,3 +356,22 @@ def test_resume_with_more_steps_keeps_the_curriculum_schedule():
     after = train.parse_curriculum("n_pairs=3", task, cfg["train"] | dict(max_iters=40))  # --resume --max_iters 40
     assert [after(it).n_pairs for it in range(20)] == [before(it).n_pairs for it in range(20)]
     assert after(10) == task and before(0).n_pairs == 3
+
+
+def test_every_curriculum_stage_is_checked_before_training_and_a_presets_is_named(capsys):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Picky:  # refuses one stage in the middle
+        name = "picky"
+        n: int = 6
+
+        def __post_init__(self):
+            if self.n == 4:
+                raise ValueError("picky: n=4 is not allowed")
+
+    with pytest.raises(ValueError, match=r"--curriculum 'n=2': the task refuses the stage n=4: picky: n=4"):
+        train.parse_curriculum("n=2", Picky(), dict(curriculum_iters=10, max_iters=20))
+    assert run_main(["--task", "recall", "--preset", "cpu_paper_task", "--n_pairs", "4", "--n_queries", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--curriculum is the cpu_paper_task preset's" in err, err
