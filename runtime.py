@@ -25,6 +25,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -490,8 +491,14 @@ def is_oom(e):
         isinstance(e, RuntimeError) and re.search(r"out of memory|can't allocate memory", str(e)) is not None
 
 
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def cli(main, prog, kept):
-    """A script's main() from the shell: Ctrl-C ends it with one line (what was kept) and exit code 2."""
+    """A script's main() from the shell: Ctrl-C, or SIGTERM (kill, a scheduler's stop), ends it with one line
+    (what was kept) and exit code 2."""
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         sys.exit(main())
     except KeyboardInterrupt as e:

@@ -199,7 +199,8 @@ def test_unusable_out_dir_is_a_one_line_error(tmp_path, capsys, where):
     assert len(err.splitlines()) == 1 and f"--out_dir {out}: cannot write there ({tmp_path / 'f'} is a file)" in err
 
 
-def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path, sig):
     argv = [sys.executable, "train.py"] + TINY + ["--max_iters", "100000", "--eval_interval", "5",
                                                   "--log_interval", "5", "--out_dir", str(tmp_path)]
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -209,7 +210,7 @@ def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
         if seen:
             break
         seen = line.startswith("eval step")
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)  # SIGTERM (kill) ends it as Ctrl-C does
     _, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "interrupted at step" in err and f"kept {tmp_path / 'ckpt.pt'} (step" in err
