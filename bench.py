@@ -100,6 +100,8 @@ def parse_kernel_args(p, argv):
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions first (default 1)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.reps < 1 or args.warmup < 0:  # every command times best-of --reps
+        p.error(f"--reps must be >= 1 and --warmup >= 0, got --reps {args.reps} --warmup {args.warmup}")
     if not args.one and args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("CUDA is not available here")
     args.setting = (f"{args.device}{f', {args.threads} threads' if args.device == 'cpu' else ''}, "

@@ -557,6 +557,8 @@ def parse_args(argv):
         if values is None:  # not a flag of this subcommand
             continue
         values = values if isinstance(values, list) else [values]
+        if type(values[0]) is float and not all(math.isfinite(v) for v in values):
+            p.error(f"--{flag} must be a finite number, got {' '.join(map(str, values))}")
         if flag not in ("seed", "seeds", "threads") and type(values[0]) in (int, float) and min(values) <= 0:
             p.error(f"--{flag} must be > 0, got {' '.join(map(str, values))}")
         if flag == "threads" and values[0] < 0:

@@ -311,6 +311,7 @@ def build_config(task, model, preset, given):
         (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
+    train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
 
 
@@ -323,6 +324,7 @@ def resume_config(state, known, given, out_dir):
                              f"drop --{k}, or pass the --out_dir of a {v} run")
     cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
     cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # its own
+    cfg["train"]["curriculum_iters"] = cfg["train"]["curriculum_iters"] or cfg["train"]["max_iters"] // 2
     mc = state["model_config"]
     if "block_size" in mc and mc.get("pos", "learned") == "learned":  # the trained position table fixes it
         cfg["model_opts"]["block_size"] = mc["block_size"]

@@ -33,6 +33,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -127,27 +128,45 @@ def run_cells(todo, jobs, n_gpus):
             t0 = time.time()
             yield label, run_in_process(argv, log), time.time() - t0
         return
-    queue, running, gpus = list(todo), {}, visible_gpus(n_gpus)  # running: slot -> (label, process, log file, start)
-    while queue or running:
-        for slot in range(jobs):
-            if slot not in running and queue:
-                label, argv, log = queue.pop(0)
-                env, where = dict(os.environ), ""
-                if n_gpus:
-                    env["CUDA_VISIBLE_DEVICES"] = gpus[slot % n_gpus]
-                    where = f" on GPU {gpus[slot % n_gpus]}"
-                note_command(log, argv)
-                f = open(log, "a")
-                p = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *argv],
-                                     stdout=f, stderr=subprocess.STDOUT, env=env)
-                running[slot] = (label, p, f, time.time())
-                print(f"{label[0]} x {label[1]}: started{where}, log {log}", flush=True)
-        time.sleep(0.2)
-        for slot, (label, p, f, t0) in list(running.items()):
-            if p.poll() is not None:
-                f.close()
-                del running[slot]
-                yield label, p.returncode, time.time() - t0
+    queue, running, gpus = list(todo), {}, visible_gpus(n_gpus)  # slot -> (label, process, log file, start)
+    try:
+        while queue or running:
+            for slot in range(jobs):
+                if slot not in running and queue:
+                    label, argv, log = queue.pop(0)
+                    env, where = dict(os.environ), ""
+                    if n_gpus:
+                        env["CUDA_VISIBLE_DEVICES"] = gpus[slot % n_gpus]
+                        where = f" on GPU {gpus[slot % n_gpus]}"
+                    note_command(log, argv)
+                    f = open(log, "a")
+                    p = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *argv],
+                                         stdout=f, stderr=subprocess.STDOUT, env=env)
+                    running[slot] = (label, p, f, time.time())
+                    print(f"{label[0]} x {label[1]}: started{where}, log {log}", flush=True)
+            time.sleep(0.2)
+            for slot, (label, p, f, t0) in list(running.items()):
+                if p.poll() is not None:
+                    f.close()
+                    del running[slot]
+                    yield label, p.returncode, time.time() - t0
+    finally:  # interrupted (or the caller stopped): the cells still training stop too, and are waited for
+        stop(running.values())
+
+
+def stop(running, grace=60):
+    """Ctrl-C to each (label, process, log file, start), as a terminal's would: each saves what it has and exits;
+    one that is still running after `grace` seconds is killed. None is left behind training."""
+    for _, p, _, _ in running:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for _, p, f, _ in running:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        f.close()
 
 # -----------------------------------------------------------------------------
 # the table and the figures
@@ -294,16 +313,21 @@ def main(argv=None):
               f"{jobs} at a time{f' on {n_gpus} GPUs' if n_gpus else ''}")
     for _, _, log in todo:
         os.makedirs(os.path.dirname(log), exist_ok=True)
-    for i, ((task, model), rc, secs) in enumerate(run_cells(todo, jobs, n_gpus), 1):
-        out_dir = os.path.join(out_root, f"{task}_{model}")
-        r = load_results(out_dir)
-        if rc == 0 and r is not None:
-            status[(task, model)] = "finished"
-            m = r["metrics"]["default"]
-            print(f"[{i}/{len(todo)}] {task} x {model}: done in {runtime.fmt_time(secs)} | {train.summary(m)}")
-        else:
-            status[(task, model)] = f"failed (exit {rc}), see train.log"
-            print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}); see {os.path.join(out_dir, 'train.log')}")
+    cells_run = run_cells(todo, jobs, n_gpus)
+    try:
+        for i, ((task, model), rc, secs) in enumerate(cells_run, 1):
+            out_dir = os.path.join(out_root, f"{task}_{model}")
+            r = load_results(out_dir)
+            if rc == 0 and r is not None:
+                status[(task, model)] = "finished"
+                m = r["metrics"]["default"]
+                print(f"[{i}/{len(todo)}] {task} x {model}: done in {runtime.fmt_time(secs)} | {train.summary(m)}")
+            else:
+                status[(task, model)] = f"failed (exit {rc}), see train.log"
+                log = os.path.join(out_dir, "train.log")
+                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}); see {log}")
+    finally:
+        cells_run.close()  # an interrupt stops the running cells and waits for them
     path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status)
     failed = [c for c, s in status.items() if s.startswith("failed")]
     print(f"wrote {path}" + (f" | {len(failed)} cells failed" if failed else ""))

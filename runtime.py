@@ -11,7 +11,8 @@ and the one-line reports of a fault.
 - checkpoints hold tensors and plain values only, so they load with weights_only=True; load_checkpoint
   renames the fields of older checkpoints (n_embd -> d_model) so that they still load;
 - every file is written beside its name and renamed over it (write_file): a crash mid-write leaves the old
-  file whole, and a new run refuses a folder that holds another (prepare_out_dir);
+  file whole, and a new run refuses a folder that holds another (prepare_out_dir); a run locks its folder for
+  its lifetime (lock_out_dir), and --overwrite sets the old run aside until the new one has saved (set_aside);
 - a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded, cli);
   Proc is one process's share of a run: device, rank, the step reached and the checkpoints written.
 """
@@ -23,6 +24,8 @@ import json
 import math
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -283,17 +286,92 @@ def run_files(out_dir):
     return [p for p in names if os.path.exists(p)] + sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
 
 
-def prepare_out_dir(train, resumed, master):
-    out_dir = train["out_dir"]
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def lock_out_dir(out_dir):
+    """Take <out_dir>/.lock, holding this process's pid, for the run's lifetime: a second run into the folder is
+    refused at once, naming the owner; a lock left by a process that is gone (kill -9) is taken over. -> its path."""
+    path = os.path.join(out_dir, ".lock")
+    for attempt in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    owner = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                owner = 0
+            if owner and pid_alive(owner) or attempt:
+                raise ValueError(f"{out_dir} is in use by another run (pid {owner or 'unknown'}, lock {path}): "
+                                 f"wait for it to end, or use another --out_dir") from None
+            print0(f"{path}: taking over the lock of pid {owner or 'unknown'}, which is no longer running")
+            with suppress(FileNotFoundError):
+                os.remove(path)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return path
+
+
+def unlock_out_dir(path):
+    """Remove the lock if it is still this process's."""
+    with suppress(OSError, ValueError):
+        with open(path) as f:
+            if int(f.read().strip()) == os.getpid():
+                os.remove(path)
+
+
+def set_aside(out_dir):
+    """--overwrite: the old run's files go to <out_dir>/.replaced, kept until the new run has saved ckpt.pt."""
+    aside = os.path.join(out_dir, ".replaced")
+    os.makedirs(aside, exist_ok=True)
+    for f in run_files(out_dir):
+        os.replace(f, os.path.join(aside, os.path.basename(f)))
+
+
+def settle_aside(out_dir, keep_new):
+    """Delete the old run set aside (keep_new: the new run saved a checkpoint or finished), or put it back in
+    place of the new run's files (it ended before its first checkpoint). Nothing set aside: nothing to do."""
+    aside = os.path.join(out_dir, ".replaced")
+    if not os.path.isdir(aside):
+        return False
+    if not keep_new:
+        for f in run_files(out_dir):
+            os.remove(f)
+        for f in os.listdir(aside):
+            os.replace(os.path.join(aside, f), os.path.join(out_dir, f))
+    shutil.rmtree(aside)
+    return not keep_new
+
+
+def prepare_out_dir(train, resumed, proc):
+    """Lock the run's folder (rank 0), then check that it may start there; --overwrite sets the old run aside."""
+    out_dir, master = train["out_dir"], proc.master
     check_out_dir(out_dir)
+    if master:
+        os.makedirs(out_dir, exist_ok=True)
+        proc.lock = lock_out_dir(out_dir)
+        if settle_aside(out_dir, keep_new=os.path.exists(os.path.join(out_dir, "ckpt.pt"))):
+            print0(f"{out_dir}: put back the run that an --overwrite run killed before its first checkpoint "
+                   f"had set aside")
     if not resumed and not train["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
         raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
                          f"(and its snapshots), or another --out_dir")
     os.makedirs(out_dir, exist_ok=True)
-    if master:  # .tmp files are left by a killed write; --overwrite removes the old run's files, snapshots too
-        old = run_files(out_dir) if train["overwrite"] and not resumed else []
-        for f in glob.glob(os.path.join(out_dir, "*.tmp")) + old:
+    if master:  # .tmp files are left by a killed write
+        for f in glob.glob(os.path.join(out_dir, "*.tmp")):
             os.remove(f)
+        if train["overwrite"] and not resumed and run_files(out_dir):
+            set_aside(out_dir)
+            proc.aside = True
     return out_dir
 
 
@@ -338,10 +416,17 @@ class Proc:
         self.snapshots = set(log_spaced(train["max_iters"])) if train["ckpt_schedule"] == "log" else set()
         self.ckpt, self.step = os.path.join(self.out_dir, "ckpt.pt"), resumed_at or 0
         self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
+        self.lock, self.aside = None, False  # rank 0's lock on out_dir; an old run set aside by --overwrite
+
+    def settle(self, keep_new):
+        """Delete the old run set aside by --overwrite (keep_new), or put it back; True if it was put back."""
+        aside, self.aside = self.aside, False
+        return aside and settle_aside(self.out_dir, keep_new)
 
     def diverged(self, what, it):
         """Say why the run stops at step it (what is not finite) and which checkpoint is the last good one; 1."""
-        print0(f"{what} at step {it}: stopping; last good checkpoint: {self.kept or 'none was saved yet'}",
+        back = " (the run it was to replace is put back)" if self.settle(keep_new=False) else ""
+        print0(f"{what} at step {it}: stopping; last good checkpoint: {self.kept or 'none was saved yet'}{back}",
                file=sys.stderr)
         return 1
 
@@ -354,6 +439,7 @@ class Proc:
         if at_eval:
             save_checkpoint(self.ckpt, state)
             self.kept = f"{self.ckpt} (step {it})"  # finite parameters and metrics: a good one
+            self.settle(keep_new=True)  # the run it replaces can go now
         if self.every_eval and at_eval or it in self.snapshots:
             save_checkpoint(os.path.join(self.out_dir, f"ckpt_{it:07d}.pt"), state)
 
@@ -371,26 +457,31 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
     proc = Proc(device, rank, world, train, resumed_at)
     try:
         code = loop(proc)
+        proc.settle(keep_new=code == 0)  # finished (--max_iters 0 saves no checkpoint), or diverged
         if world > 1:  # rank 0 evaluates and writes alone at the end: no rank tears the group down before it is done
             dist.barrier()
         return code
     except BaseException as e:
+        back = proc.settle(keep_new=False)  # ended before its first checkpoint: the run it replaces stays
         if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
             raise
         what = ("interrupted" if isinstance(e, KeyboardInterrupt) else
                 "out of memory (try a smaller --batch_size or model)" if is_oom(e) else
                 f"{e.filename}: {e.strerror}" if e.filename else str(e))
-        p = out_dir
-        while created and p.startswith(created) and os.path.isdir(p) and not os.listdir(p):
-            os.rmdir(p)
-            p = os.path.dirname(p)
-        kept = f"kept {proc.kept}" if proc.kept else "no checkpoint was saved"
+        kept = f"kept {proc.kept}" if proc.kept else \
+            "no checkpoint was saved" + ("; the run it was to replace is put back" if back else "")
         print0(f"{prog}: error: {what} at step {proc.step}; {kept}", file=sys.stderr)
         if isinstance(e, KeyboardInterrupt):  # a caller's sweep stops too; cli() makes it exit code 2
             e.reported_to = sys.stderr  # a sweep that sent it to a log file still says it on the console
             raise
         return 2
     finally:
+        if proc.lock:
+            unlock_out_dir(proc.lock)
+        p = out_dir  # a run that left nothing leaves no empty folders either
+        while created and p.startswith(created) and os.path.isdir(p) and not os.listdir(p):
+            os.rmdir(p)
+            p = os.path.dirname(p)
         if world > 1:
             dist.destroy_process_group()
 
@@ -400,8 +491,14 @@ def is_oom(e):
         isinstance(e, RuntimeError) and re.search(r"out of memory|can't allocate memory", str(e)) is not None
 
 
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def cli(main, prog, kept):
-    """A script's main() from the shell: Ctrl-C ends it with one line (what was kept) and exit code 2."""
+    """A script's main() from the shell: Ctrl-C, or SIGTERM (kill, a scheduler's stop), ends it with one line
+    (what was kept) and exit code 2."""
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         sys.exit(main())
     except KeyboardInterrupt as e:

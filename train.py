@@ -146,21 +146,20 @@ def parse_curriculum(spec, task, train):
     name, start, end = m.group(1), int(m.group(2)), getattr(task, m.group(1))
     if not 1 <= start <= end:
         raise ValueError(f"--curriculum {spec!r}: START must be in [1, {end}] ({task.name}'s {name})")
-    try:
-        first = replace(task, **{name: start})
-    except ValueError as e:
-        raise ValueError(f"--curriculum {spec!r}: the task refuses its first stage: {e}") from None
-    io = lambda t: [getattr(t, k, None) for k in IO_FIELDS]
-    if io(first) != io(task):
-        raise ValueError(f"--curriculum {spec!r}: {name} changes the model's inputs or outputs; grow an option "
-                         f"that only changes the sequences")
-    iters, stages = train["curriculum_iters"] or train["max_iters"] // 2, {start: first}  # value -> task
+    io, stages = (lambda t: [getattr(t, k, None) for k in IO_FIELDS]), {}  # value -> task, every stage checked now
+    for value in range(start, end + 1):
+        try:
+            stages[value] = replace(task, **{name: value})
+        except ValueError as e:
+            which = "its first stage" if value == start else f"the stage {name}={value}"
+            raise ValueError(f"--curriculum {spec!r}: the task refuses {which}: {e}") from None
+        if io(stages[value]) != io(task):
+            raise ValueError(f"--curriculum {spec!r}: {name} changes the model's inputs or outputs; grow an option "
+                             f"that only changes the sequences")
+    iters = train["curriculum_iters"] or train["max_iters"] // 2
 
     def stage(it):  # end - start + 1 stages of equal length
-        value = end if it >= iters else start + (end - start + 1) * it // iters
-        if value not in stages:
-            stages[value] = replace(task, **{name: value})
-        return stages[value]
+        return stages[end if it >= iters else start + (end - start + 1) * it // iters]
     return stage
 
 
@@ -229,7 +228,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
     task, eval_tasks, model, opt, model_config = build(cfg, device)
     stop, (use_bf16, ctx) = parse_stop(train["stop_at"], task), autocast(train["dtype"], device)
     batches = Batches(task, train, device, proc.rank, proc.world)
-    out_dir = prepare_out_dir(train, resume_state is not None, proc.master)
+    out_dir = prepare_out_dir(train, resume_state is not None, proc)
     it, elapsed, history = resume(resume_state, model, opt, batches, device, train)
     fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)
     eval_fwd = model if proc.world > 1 else fwd  # the bare model: no gradient hooks, no collectives
@@ -341,6 +340,8 @@ def main(argv=None):
         state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
         return run(resume_config(state, known, given, out_dir), state, eval_only=bool(given.get("eval_only")))
     except ValueError as e:
+        if str(e).startswith("--curriculum") and "curriculum" not in given and not given.get("resume"):
+            e = f"{e} (--curriculum is the {known.preset} preset's: pass --curriculum '' to train without it)"
         parser.exit(2, f"{parser.prog}: error: {e}\n")
 
 

@@ -156,3 +156,31 @@ def test_ctrl_c_stops_the_sweep_with_one_line_on_the_console(tmp_path):
     assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "interrupted; finished cells are kept" in err and "mlp" not in out  # the sweep stopped
     assert "interrupted at step" in log.read_text()
+
+
+def test_ctrl_c_with_several_jobs_stops_the_running_cells_and_waits_for_them(tmp_path, monkeypatch):
+    procs = []
+
+    class FakeProcess:
+        def __init__(self, cmd, stdout, stderr, env):
+            self.signals, self.waited, self.returncode = [], False, None
+            procs.append(self)
+
+        def poll(self):
+            return self.returncode
+
+        def send_signal(self, sig):
+            self.signals.append(sig)
+
+        def wait(self, timeout=None):
+            self.waited, self.returncode = True, 2
+
+    def interrupt(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(reproduce.time, "sleep", interrupt)  # Ctrl-C while both cells train
+    todo = [((f"t{i}", "m"), ["--task", f"t{i}"], str(tmp_path / f"{i}.log")) for i in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        list(reproduce.run_cells(todo, jobs=2, n_gpus=0))
+    assert len(procs) == 2 and all(p.signals == [signal.SIGINT] and p.waited for p in procs)

@@ -199,7 +199,8 @@ def test_unusable_out_dir_is_a_one_line_error(tmp_path, capsys, where):
     assert len(err.splitlines()) == 1 and f"--out_dir {out}: cannot write there ({tmp_path / 'f'} is a file)" in err
 
 
-def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path, sig):
     argv = [sys.executable, "train.py"] + TINY + ["--max_iters", "100000", "--eval_interval", "5",
                                                   "--log_interval", "5", "--out_dir", str(tmp_path)]
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -209,7 +210,7 @@ def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path):
         if seen:
             break
         seen = line.startswith("eval step")
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)  # SIGTERM (kill) ends it as Ctrl-C does
     _, err = p.communicate(timeout=60)
     assert p.returncode == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "interrupted at step" in err and f"kept {tmp_path / 'ckpt.pt'} (step" in err
@@ -223,3 +224,56 @@ def test_ctrl_c_outside_a_run_is_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         runtime.cli(interrupted, "x.py", "nothing was written")
     assert e.value.code == 2 and capsys.readouterr().err == "x.py: error: interrupted; nothing was written\n"
+
+
+def test_a_run_owns_its_folder_a_second_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsys):
+    owner = subprocess.Popen(["sleep", "60"])  # a live process holding the folder
+    try:
+        (tmp_path / ".lock").write_text(f"{owner.pid}\n")
+        argv = TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]
+        assert run_main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"in use by another run (pid {owner.pid}" in err, err
+        assert os.listdir(tmp_path) == [".lock"]  # nothing written, the owner's lock kept
+        assert run_main(argv + ["--overwrite"]) == 2 and os.listdir(tmp_path) == [".lock"]
+    finally:
+        owner.kill()
+        owner.wait()
+    capsys.readouterr()
+    assert run_main(argv) == 0  # the owner is gone: its lock is stale
+    out = capsys.readouterr().out
+    assert f"taking over the lock of pid {owner.pid}, which is no longer running" in out
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]  # released at the end
+
+
+def test_overwrite_keeps_the_old_run_until_the_new_one_saves_a_checkpoint(tmp_path, capsys, monkeypatch):
+    assert run_main(TINY + ["--max_iters", "4", "--eval_interval", "2", "--ckpt_schedule", "eval",
+                            "--out_dir", str(tmp_path)]) == 0
+    old = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
+    assert len(old) == 4
+    real_sample = tasks.Bijection.sample
+
+    def sample(self, n, g=None):  # Ctrl-C at the first training batch
+        if n < 50:
+            raise KeyboardInterrupt
+        return real_sample(self, n, g)
+
+    monkeypatch.setattr(tasks.Bijection, "sample", sample)
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        run_main(TINY + ["--max_iters", "4", "--overwrite", "--out_dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the run it was to replace is put back" in err, err
+    assert {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)} == old
+    monkeypatch.setattr(tasks.Bijection, "sample", real_sample)
+    argv = TINY + ["--lr", "1e6", "--grad_clip", "0", "--warmup_iters", "0", "--max_iters", "40", "--log_interval",
+                   "1", "--eval_interval", "100", "--ckpt_schedule", "log", "--overwrite", "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 1  # diverges before its first ckpt.pt (its log-spaced snapshots go too)
+    assert "the run it was to replace is put back" in capsys.readouterr().err
+    assert {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)} == old
+    (tmp_path / ".replaced").mkdir()  # an --overwrite run killed (kill -9) before its first checkpoint
+    for p in old:
+        os.replace(tmp_path / p, tmp_path / ".replaced" / p)
+    assert run_main(TINY + ["--max_iters", "2", "--out_dir", str(tmp_path)]) == 2  # put back, so refused
+    assert "put back the run" in capsys.readouterr().out
+    assert {p: (tmp_path / p).read_bytes() for p in old} == old and not (tmp_path / ".replaced").exists()

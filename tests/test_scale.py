@@ -171,3 +171,11 @@ def test_time_to_target_writes_under_out_unless_told_and_checks_results_first(tm
     with pytest.raises(SystemExit) as e:
         bench.main(["time_to_target", "--tasks", "bijection", "--results", "f/r"])
     assert e.value.code == 2 and "--results f/r: cannot write there" in capsys.readouterr().err
+
+
+def test_bench_scan_refuses_zero_reps_before_measuring(capsys):
+    import bench
+    with pytest.raises(SystemExit) as e:
+        bench.main(["scan", "--reps", "0"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "--reps must be >= 1" in err, err

@@ -278,6 +278,9 @@ def test_every_flag_shows_the_value_the_run_takes(monkeypatch, preset):
             t, _, _, _, model_config = train.build(cfg, torch.device("cpu"))  # the config it makes for the model
             took = {k: getattr(t, k) for k in helps if hasattr(t, k)} | model_config | cfg["train"]
             took["lr_decay_iters"] = 0 if took["lr_decay_iters"] == took["max_iters"] else took["lr_decay_iters"]
+            if helps["curriculum_iters"] == "0":  # 0 = half of --max_iters, fixed when the run starts
+                assert took["curriculum_iters"] == took["max_iters"] // 2
+                took["curriculum_iters"] = 0
             assert helps == {k: shown(took[k]) for k in helps}, (task, model)
     _, _, parser = presets.parse_args(["--preset", preset])  # recall: quick runs 1,500 steps, not 2,000
     steps = next(a.help for a in parser._actions if a.dest == "max_iters")
@@ -345,3 +348,33 @@ def test_train_all_queries_trains_on_every_key_and_evaluates_the_task(tmp_path):
     assert r["task_options"]["n_queries"] == 2 and r["config"]["train"]["train_all_queries"]
     with pytest.raises(ValueError, match="--train_all_queries is an option of --task recall"):
         train.build(presets.build_config("hmm", "transformer", "quick", dict(train_all_queries=True)), torch.device("cpu"))
+
+
+def test_resume_with_more_steps_keeps_the_curriculum_schedule():
+    opts = dict(curriculum="n_pairs=3", n_queries=2, max_iters=20)
+    cfg = presets.build_config("recall", "transformer", "quick", opts)
+    assert cfg["train"]["curriculum_iters"] == 10  # half of --max_iters, fixed at the start
+    task = tasks.make_task("recall", **cfg["task_opts"])
+    before = train.parse_curriculum("n_pairs=3", task, cfg["train"])
+    after = train.parse_curriculum("n_pairs=3", task, cfg["train"] | dict(max_iters=40))  # --resume --max_iters 40
+    assert [after(it).n_pairs for it in range(20)] == [before(it).n_pairs for it in range(20)]
+    assert after(10) == task and before(0).n_pairs == 3
+
+
+def test_every_curriculum_stage_is_checked_before_training_and_a_presets_is_named(capsys):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Picky:  # refuses one stage in the middle
+        name = "picky"
+        n: int = 6
+
+        def __post_init__(self):
+            if self.n == 4:
+                raise ValueError("picky: n=4 is not allowed")
+
+    with pytest.raises(ValueError, match=r"--curriculum 'n=2': the task refuses the stage n=4: picky: n=4"):
+        train.parse_curriculum("n=2", Picky(), dict(curriculum_iters=10, max_iters=20))
+    assert run_main(["--task", "recall", "--preset", "cpu_paper_task", "--n_pairs", "4", "--n_queries", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--curriculum is the cpu_paper_task preset's" in err, err
