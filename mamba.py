@@ -151,6 +151,7 @@ class MambaMixer(nn.Module):
     def __init__(self, config):
         super().__init__()
         c = config
+        default_scan("cpu")  # a bad WINDTUNNEL_SCAN fails when the model is built, not at its first step
         d_in, N, self.dt_rank = c.expand * c.d_model, c.d_state, c.dt_rank or math.ceil(c.d_model / 16)
         self.d_state = N
         self.scan = None if c.scan == "auto" else c.scan
@@ -217,9 +218,16 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None):
 SCAN_MODES = ("sequential", "compiled", "chunked")
 # mode=None: "compiled" on a CPU (eager where compiling fails), "chunked" elsewhere. WINDTUNNEL_SCAN sets
 # the CPU's mode instead (the tests run "sequential": compiling again for each new shape is slow)
-DEFAULT_SCAN = {"cpu": os.environ.get("WINDTUNNEL_SCAN", "compiled")}
-if DEFAULT_SCAN["cpu"] not in SCAN_MODES:
-    raise ValueError(f"WINDTUNNEL_SCAN={DEFAULT_SCAN['cpu']!r}: valid modes are {', '.join(SCAN_MODES)}")
+DEFAULT_SCAN = {"cpu": os.environ.get("WINDTUNNEL_SCAN") or "compiled"}
+
+
+def default_scan(device_type):
+    """The scan mode for a device; a bad WINDTUNNEL_SCAN is refused here, where a Mamba is built or run,
+    so that it stops no script that uses no Mamba."""
+    mode = DEFAULT_SCAN.get(device_type, "chunked")
+    if mode not in SCAN_MODES:
+        raise ValueError(f"WINDTUNNEL_SCAN={mode!r}: valid modes are {', '.join(SCAN_MODES)}")
+    return mode
 # steps between the states kept for the backward; "chunked" also runs each block of them at once, on
 # (chunk, b, d, n) tensors: its memory grows with the chunk, its kernel launches with l / sqrt(chunk)
 DEFAULT_CHUNK = {"sequential": 16, "compiled": 16, "chunked": 32}
@@ -238,7 +246,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     changes memory and speed, not results.
     """
     _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias, mode, chunk)
-    mode = mode or DEFAULT_SCAN.get(u.device.type, "chunked")
+    mode = mode or default_scan(u.device.type)
     chunk = chunk or DEFAULT_CHUNK[mode]
     dtype_in, dtype = u.dtype, torch.promote_types(u.dtype, torch.float32)
     with torch.autocast(u.device.type, enabled=False):  # bf16 autocast must not reach the recurrence

@@ -1,5 +1,6 @@
 """Tests for mamba.py: the selective scan against brute force and across modes, stability, dtypes, the model."""
 import math
+import os
 
 import pytest
 import torch
@@ -385,3 +386,17 @@ def test_scan_backward_runs_in_float32_under_autocast_and_compile(mode):
     for g in grads[1:]:
         for k, a, b in zip(NAMES, g, grads[0]):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=k)
+
+
+def test_a_bad_scan_mode_in_the_environment_stops_only_mamba(monkeypatch):
+    import subprocess
+    import sys
+    import mamba
+    env = dict(os.environ, WINDTUNNEL_SCAN="garbage", OMP_NUM_THREADS="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", "import train, geometry, reproduce, bench, conditioning"], cwd=root,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    monkeypatch.setitem(mamba.DEFAULT_SCAN, "cpu", "garbage")
+    with pytest.raises(ValueError, match="WINDTUNNEL_SCAN='garbage': valid modes are sequential, compiled, chunked"):
+        Mamba(MambaConfig(vocab_size=8, n_classes=4, n_layer=1, d_model=8))
