@@ -6,11 +6,9 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
     python train.py --task bijection --resume                       # continue out/bijection_transformer
     torchrun --nproc_per_node=N train.py ...                        # data-parallel: the same global batch
 
-Settings: defaults < the preset of the task and model < flags (presets.py; `--help` shows the values they take).
-Recipe: AdamW, or Muon on the hidden weight matrices (--optimizer muon); warmup, then cosine decay; gradient
-clipping; a fresh batch every step from a seeded generator, of a growing task with --curriculum; now and then a
-held-out evaluation from a fixed seed, which can end the run (--stop_at), and a checkpoint; at the end
-results.json. The plumbing (devices, DDP, torch.compile, checkpoints, files, faults) is in runtime.py.
+Settings: defaults < preset < flags (presets.py; `--help` shows the values they take). Recipe: AdamW or Muon;
+warmup, cosine decay, gradient clipping; a fresh seeded batch every step (a growing task under --curriculum);
+held-out evaluations, which can end the run (--stop_at), and checkpoints; results.json. Plumbing: runtime.py.
 """
 from dataclasses import asdict, fields, replace
 import math
@@ -277,6 +275,9 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
             break
         if verdict == "diverged":
             return 1
+    if eval_only and not all(torch.isfinite(p).all() for p in model.parameters()):
+        print0(f"the parameters in {out_dir} are not finite (step {it}): nothing to evaluate", file=sys.stderr)
+        return 1
     if proc.master:
         final_eval(cfg, eval_tasks, eval_fwd, device, ctx, it, history, elapsed + time.time() - t_start,
                    model_config, eval_only)

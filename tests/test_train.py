@@ -151,6 +151,18 @@ def test_eval_only_and_log_spaced_checkpoints(tmp_path):
     assert r["metrics"]["default"]["n_sequences"] == 30 and r["iters"] == 12
 
 
+def test_eval_only_on_weights_that_are_not_finite_exits_1_without_an_eval_json(tmp_path, capsys):
+    assert run_main(TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]) == 0
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    state["model"]["wte.weight"][0, 0] = float("nan")
+    torch.save(state, tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    assert run_main(["--task", "bijection", "--eval_only", "--out_dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "are not finite (step 2): nothing to evaluate" in err, err
+    assert not (tmp_path / "eval.json").exists()
+
+
 def test_eval_only_beyond_the_trained_context_is_a_clear_error(tmp_path, capsys):
     argv = ["--task", "hmm", "--K", "3", "--n_layer", "1", "--n_head", "2", "--d_model", "16", "--max_iters", "2",
             "--pos", "learned", "--n_pos", "0", "--eval_interval", "2", "--eval_K", "4", "--eval_samples", "10", "--eval_samples_during", "10",
