@@ -298,7 +298,7 @@ def pid_alive(pid):
 
 def lock_out_dir(out_dir):
     """Take <out_dir>/.lock, holding this process's pid, for the run's lifetime: a second run into the folder is
-    refused at once, naming the owner; a lock left by a process that is gone (kill -9) is taken over. -> its path."""
+    refused at once, naming the owner; a lock whose pid is gone (kill -9) is taken over. -> its path."""
     path = os.path.join(out_dir, ".lock")
     for attempt in range(2):
         try:
@@ -309,7 +309,7 @@ def lock_out_dir(out_dir):
                     owner = int(f.read().strip() or 0)
             except (OSError, ValueError):
                 owner = 0
-            if owner and pid_alive(owner) or attempt:
+            if not owner or pid_alive(owner) or attempt:  # empty: its owner is writing its pid right now
                 raise ValueError(f"{out_dir} is in use by another run (pid {owner or 'unknown'}, lock {path}): "
                                  f"wait for it to end, or use another --out_dir") from None
             print0(f"{path}: taking over the lock of pid {owner or 'unknown'}, which is no longer running")

@@ -277,3 +277,12 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_saves_a_checkpoint(tmp_pa
     assert run_main(TINY + ["--max_iters", "2", "--out_dir", str(tmp_path)]) == 2  # put back, so refused
     assert "put back the run" in capsys.readouterr().out
     assert {p: (tmp_path / p).read_bytes() for p in old} == old and not (tmp_path / ".replaced").exists()
+
+
+def test_an_empty_lock_is_held_by_a_run_writing_its_pid_not_taken_over(tmp_path, capsys):
+    (tmp_path / ".lock").write_text("")  # created with O_EXCL, its pid not written yet
+    argv = TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "in use by another run (pid unknown" in err, err
+    assert os.listdir(tmp_path) == [".lock"]
