@@ -240,11 +240,8 @@ def key_frame(model, tokens, batch=None):
     K = E W_K^T from the raw embedding rows (no position, norm or bias: the paper's statistic, a
     weight-space proxy beyond layer 0); `context`: the layer's actual keys in the batch, averaged per token
     over its occurrences (tokens that do not occur are left out)."""
-    C, H = model.config.d_model, model.config.n_head
     if batch is None:
-        E = model.wte.weight[tokens]  # (n, C) raw embedding rows
-        K = torch.stack([(E @ b.attn.c_attn.weight[C:2 * C].T).view(len(tokens), H, -1).transpose(0, 1)
-                         for b in model.blocks])  # (n_layer, H, n, d)
+        K = torch.stack([head_keys(model, tokens, l) for l in range(model.config.n_layer)])  # (n_layer, H, n, d)
         return offdiag_abs_cos(K), K[0]
     onehot = (batch.x[..., None] == tokens[torch.isin(tokens, batch.x)]).double()  # (B, T, n) tokens that occur
     _, inside = model(batch.x, return_internals=True)
