@@ -1,5 +1,5 @@
 """Drawing batches for training: the worked examples in the task docstrings, the HMM header grid,
-the masked losses, where batches are drawn. The CUDA tests (batches drawn on the GPU, and no host
+the masked losses, where batches are drawn, the tasks' options. The CUDA tests (batches drawn on the GPU, and no host
 sync in a training step) skip without a GPU."""
 import inspect
 import math
@@ -276,3 +276,19 @@ def test_recall_query_gap_places_the_queries():
     assert b.mask[:, 19::8].all() and b.mask.sum(1).eq(3).all() and (b.x[:, 21:26] == task.FILLER).all()
     with pytest.raises(ValueError, match="query_gap must be an int >= 0, or -1"):
         tasks.make_task("recall", query_gap=-2)
+
+
+def test_hop_is_deterministic_and_fresh():
+    task = tasks.make_task("hop")
+    a, b = (task.sample(4, torch.Generator().manual_seed(3)) for _ in range(2))
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert not torch.equal(a.x[0], a.x[1])  # every sequence draws its own facts
+
+
+@pytest.mark.parametrize("opts, match", [
+    (dict(n_facts=10, depth=4), "n_facts=10 must be a multiple of depth=4"), (dict(hops=5), "hops=5 must be <= depth=4"),
+    (dict(n_entities=19), "n_entities=19 must be >= n_facts \\+ n_facts/depth = 20"), (dict(n_queries=0), "n_queries"),
+    (dict(hop=2), "valid options: n_facts, depth, hops, mixed_hops, n_queries, n_entities")])
+def test_hop_bad_options(opts, match):
+    with pytest.raises(ValueError, match=match):
+        tasks.make_task("hop", **opts)

@@ -1,4 +1,4 @@
-"""Tests for linear_attn.py and the hop task: the rules against the paper's equations, chunked against
+"""Tests for linear_attn.py: the rules against the paper's equations, chunked against
 recurrent (values and gradients), Theorem 5, Oja's bound, the model's causality, bad input, training."""
 import json
 
@@ -8,8 +8,6 @@ import torch.nn.functional as F
 
 from conftest import loss_before_after
 from linear_attn import RULES, LinearAttention, LinearAttentionConfig, memory
-from oracles import Metrics, oracle
-from tasks import IGNORE, make_task
 
 torch.set_num_threads(1)
 CASES = [("hebbian", None), ("hebbian", 0.9), ("delta", None), ("oja", None)]  # (rule, decay)
@@ -278,67 +276,3 @@ def test_bf16_autocast_computes_the_memory_in_float32():
     out.float().sum().backward()
     assert torch.isfinite(out.float()).all() and all(torch.isfinite(p.grad).all() for p in model.parameters())
     assert rel_err(out.float(), ref) < 5e-2
-
-
-# -----------------------------------------------------------------------------
-# the hop task
-
-
-def follow_by_hand(seq, task, t):
-    """Brute force: read the facts off the context into a dict and follow the chain k times."""
-    N, off = task.n_facts, task.answer_offset
-    succ = {seq[2 * i] - off: seq[2 * i + 1] - off for i in range(N)}
-    e, k = seq[t] - off, seq[t - 1]
-    for _ in range(k):
-        e = succ[e]
-    return e
-
-
-@pytest.mark.parametrize("opts", [dict(), dict(n_facts=12, depth=3, hops=3, mixed_hops=True, n_queries=6, n_entities=16),
-                                  dict(n_facts=5, depth=5, hops=5, n_entities=6)])
-def test_hop_oracle_follows_the_chain(opts):
-    task = make_task("hop", **opts)
-    batch = task.sample(16, torch.Generator().manual_seed(0))
-    probs = oracle(task, batch)
-    N, off = task.n_facts, task.answer_offset
-    assert batch.x.shape == (16, task.seq_len) and batch.mask.sum(1).eq(task.n_queries).all()
-    assert (batch.y[~batch.mask] == IGNORE).all() and torch.equal(batch.y, batch.latent["answer"])
-    for b in range(16):
-        seq = batch.x[b].tolist()
-        heads, tails = seq[0:2 * N:2], seq[1:2 * N:2]
-        assert len(set(heads)) == len(set(tails)) == N  # one-to-one
-        assert seq[2 * N] == task.SEP and min(heads + tails) >= off
-        starts = set(heads) - set(tails)  # chain starts: N/depth chains of exactly depth facts
-        succ = dict(zip(heads, tails))
-        for s in starts:
-            n = 0
-            while s in succ:
-                s, n = succ[s], n + 1
-            assert n == task.depth
-        for t in batch.mask[b].nonzero().flatten().tolist():
-            assert 1 <= seq[t - 1] <= task.hops
-            e = follow_by_hand(seq, task, t)
-            assert probs[b, t, e] == 1 and probs[b, t].sum() == 1 and batch.y[b, t] == e
-    if task.mixed_hops:
-        assert set(batch.latent["k"].flatten().tolist()) == set(range(1, task.hops + 1))
-    m = Metrics()
-    m.update(task, batch, probs.clamp(min=1e-300).log())
-    r = m.result(task)
-    assert r["accuracy"] == 1 and r["kl"] < 1e-9 and r["mae_token"] < 1e-9
-
-
-def test_hop_is_deterministic_and_fresh():
-    task = make_task("hop")
-    a, b = (task.sample(4, torch.Generator().manual_seed(3)) for _ in range(2))
-    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
-    assert not torch.equal(a.x[0], a.x[1])  # every sequence draws its own facts
-
-
-@pytest.mark.parametrize("opts, match", [
-    (dict(n_facts=10, depth=4), "n_facts=10 must be a multiple of depth=4"), (dict(hops=5), "hops=5 must be <= depth=4"),
-    (dict(n_entities=19), "n_entities=19 must be >= n_facts \\+ n_facts/depth = 20"), (dict(n_queries=0), "n_queries"),
-    (dict(hop=2), "valid options: n_facts, depth, hops, mixed_hops, n_queries, n_entities")])
-def test_hop_bad_options(opts, match):
-    with pytest.raises(ValueError, match=match):
-        make_task("hop", **opts)
-

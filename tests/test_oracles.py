@@ -129,6 +129,49 @@ def test_hop_oracle_follows_the_facts_in_context(mixed_hops):
             assert probs[b, t].argmax().item() == e == batch.y[b, t] and probs[b, t].max() == 1
 
 
+def follow_by_hand(seq, task, t):
+    """Brute force: read the facts off the context into a dict and follow the chain k times."""
+    N, off = task.n_facts, task.answer_offset
+    succ = {seq[2 * i] - off: seq[2 * i + 1] - off for i in range(N)}
+    e, k = seq[t] - off, seq[t - 1]
+    for _ in range(k):
+        e = succ[e]
+    return e
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(n_facts=12, depth=3, hops=3, mixed_hops=True, n_queries=6, n_entities=16),
+                                  dict(n_facts=5, depth=5, hops=5, n_entities=6)])
+def test_hop_oracle_follows_the_chain(opts):
+    task = make_task("hop", **opts)
+    batch = task.sample(16, torch.Generator().manual_seed(0))
+    probs = oracle(task, batch)
+    N, off = task.n_facts, task.answer_offset
+    assert batch.x.shape == (16, task.seq_len) and batch.mask.sum(1).eq(task.n_queries).all()
+    assert (batch.y[~batch.mask] == IGNORE).all() and torch.equal(batch.y, batch.latent["answer"])
+    for b in range(16):
+        seq = batch.x[b].tolist()
+        heads, tails = seq[0:2 * N:2], seq[1:2 * N:2]
+        assert len(set(heads)) == len(set(tails)) == N  # one-to-one
+        assert seq[2 * N] == task.SEP and min(heads + tails) >= off
+        starts = set(heads) - set(tails)  # chain starts: N/depth chains of exactly depth facts
+        succ = dict(zip(heads, tails))
+        for s in starts:
+            n = 0
+            while s in succ:
+                s, n = succ[s], n + 1
+            assert n == task.depth
+        for t in batch.mask[b].nonzero().flatten().tolist():
+            assert 1 <= seq[t - 1] <= task.hops
+            e = follow_by_hand(seq, task, t)
+            assert probs[b, t, e] == 1 and probs[b, t].sum() == 1 and batch.y[b, t] == e
+    if task.mixed_hops:
+        assert set(batch.latent["k"].flatten().tolist()) == set(range(1, task.hops + 1))
+    m = Metrics()
+    m.update(task, batch, probs.clamp(min=1e-300).log())
+    r = m.result(task)
+    assert r["accuracy"] == 1 and r["kl"] < 1e-9 and r["mae_token"] < 1e-9
+
+
 def test_every_task_has_an_oracle():
     assert all(cls.name == name for name, cls in TASKS.items())
     assert set(POSTERIORS) == set(LATENTS) == set(TASKS)
