@@ -165,23 +165,21 @@ def report_capacity(r):
            "|---|---|---|---|---|---|---|---|"] + [
            f"| {c['features']} | {c['d_k']} | {c['trials']} | {c['n_avg']} | {c['theory_avg']:.1f} | {c['n_wc']} | "
            f"{c['bound']:.2f} | {c['looseness']:.1f} |" for c in r["capacity"]] + [""]
+    out += ["Per key feature, over the points with n > 1 (and, where any, (n-1) x trials >= 1000: enough crosstalk "
+            "terms for a mean): mean noise over (n-1)/d_k (theorem: 1), the noise per other stored pair (theorem: "
+            f"1/d_k), the line n*(gamma) = a d_k + b (theorem: a = 1/gamma = {1 / s['gamma']:.4f}), the worst case "
+            "n ~ d_k^e (the bound: e = 0.5), and the d_k where the worst case is below the bound.", "",
+            "| keys | points | noise / ((n-1)/d_k) | noise per pair | a | b | R^2 | a x gamma | e | R^2 "
+            "| worst case < bound at d_k |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for kind, f in r["fits"].items():
         (a, b, r2), (e, _, r2e) = f["avg_vs_dk"], f["wc_loglog"]
-        c = [x for x in r["capacity"] if x["features"] == kind]
         pts = [p for p in r["points"] if p["features"] == kind and p["n"] > 1]
-        pts = [p for p in pts if (p["n"] - 1) * p["trials"] >= 1000] or pts  # enough crosstalk terms for a mean
+        pts = [p for p in pts if (p["n"] - 1) * p["trials"] >= 1000] or pts
         ratio, pair = [p["mean_noise"] / p["theory_noise"] for p in pts], [p["mean_noise"] / (p["n"] - 1) for p in pts]
-        below = [str(x["d_k"]) for x in c if x["n_wc"] < x["bound"]]
-        out.append(f"- **{kind} keys.** Mean noise / ((n-1)/d_k) in [{min(ratio):.3f}, {max(ratio):.3f}] over the "
-                   f"{len(ratio)} points with n > 1 and, where any, (n-1) x trials >= 1000 (theorem: 1), i.e. noise "
-                   f"per other stored pair {min(pair):.4f} to {max(pair):.4f} (theorem: 1/d_k). n*(gamma) = {a:.4f} "
-                   f"d_k {b:+.2f} (R^2 {r2:.4f}; theorem: slope 1/gamma = {1 / s['gamma']:.4f}): linear growth in d_k " + (
-                       "**holds**." if r2 >= 0.98 and 0.8 <= a * s["gamma"] <= 1.2 else "**does not hold**.")
-                   + f" Worst case n grows as d_k^{e:.2f} (R^2 {r2e:.3f}; the bound as d_k^0.5): " + (
-                       f"the bound **holds**, loose by {c[0]['looseness']:.1f}x (d_k = {c[0]['d_k']}) to "
-                       f"{c[-1]['looseness']:.1f}x (d_k = {c[-1]['d_k']})" + (", and the O(sqrt(d_k)) rate is the "
-                       "bound's (Markov and union bounds), **not** the capacity's." if e > 0.75 else ".") if not below else
-                       f"the bound **does not hold** (measured below it at d_k = {', '.join(below)})."))
+        below = [str(x["d_k"]) for x in r["capacity"] if x["features"] == kind and x["n_wc"] < x["bound"]]
+        out.append(f"| {kind} | {len(pts)} | {min(ratio):.3f} to {max(ratio):.3f} | {min(pair):.4f} to {max(pair):.4f} "
+                   f"| {a:.4f} | {b:+.2f} | {r2:.4f} | {a * s['gamma']:.3f} | {e:.2f} | {r2e:.3f} "
+                   f"| {', '.join(below) or 'none'} |")
     return out + [""]
 
 # -----------------------------------------------------------------------------
@@ -250,25 +248,25 @@ def report_propagation(r):
            "|---|" + "---|" * len(ns)]
     out += [f"| {H} | " + " | ".join(" / ".join(f"{get(rule, n, H):.2g}" for rule in COMBINE) + f" ({bound(n, H):.2g})"
                                      for n in ns) + " |" for H in Hs]
-    n = next((n for n in ns if 0.05 < get("best", n, 1) < 0.9), ns[0])
-    p, trend = get("best", n, 1), lambda rule: ", ".join(f"{get(rule, n, H):.2g}" for H in Hs)
-    falls = lambda rule: (all(get(rule, n, a) >= get(rule, n, b) for a, b in zip(Hs, Hs[1:]))
-                          and get(rule, n, Hs[-1]) < p / 10)
-    slope = {rule: median(sl) for rule, sl in r["L_slopes"].items()}
-    out += ["", f"- **Depth** (n/d_k = {n / s['d_k']:g}, H = 1): chain error " + ", ".join(
-        f"{get('best', n, 1, L):.3f}" for L in Ls) + f" at L = {', '.join(map(str, Ls))} (1 - (1 - p)^L: " + ", ".join(
-        f"{1 - (1 - p) ** L:.3f}" for L in Ls) + "). Log-log slope of error against L (median over cells with 0 < error "
-        "< 0.5): " + ", ".join(f"{rule} {v:.2f}" for rule, v in slope.items()) + ": growth linear in L " + (
-        "**holds**" if all(0.8 <= v <= 1.25 for v in slope.values()) else "**does not hold** for every rule")
-        + " while L p << 1 (the layers' memories are independent here, as the theorem assumes).",
-        f"- **Heads** (n/d_k = {n / s['d_k']:g}, H = {', '.join(map(str, Hs))}; p^H = " + ", ".join(
-        f"{p ** H:.2g}" for H in Hs) + "). " + " ".join(f"{rule}: {trend(rule)}, " + (
-            "**falls** with H." if falls(rule) else "**does not fall** steadily with H.") for rule in COMBINE)]
+    n = next((n for n in ns if 0.05 < get("best", n, 1) < 0.9), ns[0])  # a layer error p in the readable range
+    p = get("best", n, 1)
+    out += ["", f"Depth: n/d_k = {n / s['d_k']:g}, H = 1, layer error p = {p:.3f}; chains of independent layers "
+            "fail with probability 1 - (1 - p)^L.", "", "| L | chain error | 1 - (1 - p)^L |", "|---|---|---|"]
+    out += [f"| {L} | {get('best', n, 1, L):.3f} | {1 - (1 - p) ** L:.3f} |" for L in Ls]
+    out += ["", "Log-log slope of chain error against L over the cells (n, H) with 0 < error < 0.5 at three or more "
+            "depths (linear growth: 1).", "", "| rule | cells | median slope |", "|---|---|---|"]
+    out += [f"| {rule} | {len(sl)} | {median(sl):.2f} |" for rule, sl in r["L_slopes"].items()]
+    out += ["", f"Heads: layer error (L = 1) at n/d_k = {n / s['d_k']:g}; independent heads, one of which must "
+            "succeed, fail with probability p^H.", "", "| H | p^H | " + " | ".join(COMBINE) + " |",
+            "|---|---|" + "---|" * len(COMBINE)]
+    out += [f"| {H} | {p ** H:.2g} | " + " | ".join(f"{get(rule, n, H):.2g}" for rule in COMBINE) + " |" for H in Hs]
     cells = [x for x in rows if x["bound"] < 1]
     held = [x for x in cells if x["error"] <= x["bound"]]
     loose = [x["bound"] / x["error"] for x in held if x["error"] > 0]
-    out.append(f"- **Bound** L (n/(delta d_k))^H: where it is < 1 ({len(cells)} cells), the measured error is below it in "
-               f"{len(held)}" + (f", by a median factor {median(loose):.0f} where the error is > 0." if loose else "."))
+    out += ["", "The bound L (n/(delta d_k))^H over the cells (rule, n, H, L) where it is < 1.", "",
+            "| cells with bound < 1 | error <= bound | median bound / error (error > 0) |", "|---|---|---|",
+            f"| {len(cells)} | {len(held)} | {median(loose):.0f} |" if loose else
+            f"| {len(cells)} | {len(held)} | — |"]
     return out + [""]
 
 # -----------------------------------------------------------------------------
@@ -300,26 +298,32 @@ def depth_width(args):
                                  eval_samples_during=min(100, args.eval_samples), **opts)
                     argv = [f"--{k}={v}" for k, v in flags.items()] + extra + ["--overwrite"]  # scratch runs
                     os.makedirs(out_dir, exist_ok=True)
-                    with open(os.path.join(out_dir, "train.log"), "w", buffering=1) as f, redirect_stdout(f), redirect_stderr(f), \
+                    log = os.path.join(out_dir, "train.log")
+                    with open(log, "w", buffering=1) as f, redirect_stdout(f), redirect_stderr(f), \
                             warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # the zero-width MLP's "Initializing zero-element tensors"
-                        if train.main(argv) != 0:
-                            raise RuntimeError(f"train.py failed; see {out_dir}/train.log")
-                    with open(os.path.join(out_dir, "results.json")) as f:
-                        res = json.load(f)
-                    rows.append(dict(N=N, arch=arch, model=kind, L=L, H=H, d_model=d, seed=seed,
-                                     n_params=res["n_params"], accuracy=res["metrics"]["default"]["accuracy"],
-                                     chance=1 / (N + N // args.facts_per_chain)))
-                    print(f"  N={N} seed {seed} {arch} {kind} ({res['n_params']:,} parameters): accuracy "
-                          f"{rows[-1]['accuracy']:.3f} [{time.time() - t0:.0f}s]", flush=True)
+                        code = train.main(argv)
+                    if code not in (0, 1):  # 1: diverged, the loss or the parameters stopped being finite
+                        raise ChildProcessError(code, f"train.py stopped with exit code {code} (the log says why)", log)
+                    acc = n_params = None  # a diverged run writes no results.json
+                    if code == 0:
+                        with open(os.path.join(out_dir, "results.json")) as f:
+                            res = json.load(f)
+                        acc, n_params = res["metrics"]["default"]["accuracy"], res["n_params"]
+                    rows.append(dict(N=N, arch=arch, model=kind, L=L, H=H, d_model=d, seed=seed, n_params=n_params,
+                                     accuracy=acc, chance=1 / (N + N // args.facts_per_chain), diverged=code == 1))
+                    what = f"diverged (see {log})" if code else f"({n_params:,} parameters): accuracy {acc:.3f}"
+                    print(f"  N={N} seed {seed} {arch} {kind} {what} [{time.time() - t0:.0f}s]", flush=True)
     return dict(settings={k: getattr(args, k) for k in ("rule", "hops", "max_iters", "batch_size", "lr", "n_entities",
                                                         "facts_per_chain")}, rows=rows)
 
 
 def accuracies(rows, N, arch, kind):
-    a = [r["accuracy"] for r in rows if (r["N"], r["arch"], r["model"]) == (N, arch, kind)]
-    m = sum(a) / max(len(a), 1)
-    return m, math.sqrt(sum((x - m) ** 2 for x in a) / max(len(a) - 1, 1)), a
+    """Mean and sd over the seeds that did not diverge (nan if none), and every seed's accuracy (None: diverged)."""
+    every = [r["accuracy"] for r in rows if (r["N"], r["arch"], r["model"]) == (N, arch, kind)]
+    a = [x for x in every if x is not None]
+    m = sum(a) / len(a) if a else float("nan")
+    return m, math.sqrt(sum((x - m) ** 2 for x in a) / max(len(a) - 1, 1)) if a else float("nan"), every
 
 
 def depth_width_figure(plt, r):
@@ -327,7 +331,7 @@ def depth_width_figure(plt, r):
     Ns = sorted({x["N"] for x in r["rows"]})
     for (arch, kind), m in zip(CELLS, ("o-", "s-", "o--", "s--")):
         st = [accuracies(r["rows"], N, arch, kind) for N in Ns]
-        if st[0][2]:
+        if any(s[2] for s in st):  # the cell was run
             ax.errorbar(Ns, [s[0] for s in st], [s[1] for s in st], fmt=m, capsize=3, label=f"{arch} {kind}")
     ax.plot(Ns, [next(x["chance"] for x in r["rows"] if x["N"] == N) for N in Ns], "k:", label="chance")
     ax.set(xlabel="N facts in context", ylabel="accuracy (mean, sd over seeds)", title="hop: wide-shallow vs narrow-deep")
@@ -338,27 +342,33 @@ def report_depth_width(r):
     s, rows = r["settings"], r["rows"]
     out = ["## Wide-and-shallow vs narrow-and-deep (`hop`)", "", f"{s['hops']}-hop queries, {s['facts_per_chain']} facts "
            f"per chain, {s['n_entities']} entities; linear rule {s['rule']}; {s['max_iters']} steps of batch "
-           f"{s['batch_size']}, lr {s['lr']:g}. Accuracy: mean, sd over seeds (per seed); (L, H, d_model, parameters).", "",
+           f"{s['batch_size']}, lr {s['lr']:g}. Accuracy: mean, sd over the seeds that did not diverge (per seed); "
+           "(L, H, d_model, parameters).", "",
            "| N | chance | wide linear | deep linear | wide softmax | deep softmax |", "|---|---|---|---|---|---|"]
-    pairs = []  # (N, kind, wide mean, deep mean)
+    pairs = []  # (N, kind, wide mean, deep mean, chance)
     for N in sorted({x["N"] for x in rows}):
         cells, means = [], {}
         for arch, kind in CELLS:
-            m, sd, a = means[arch, kind] = accuracies(rows, N, arch, kind)
-            x = next((x for x in rows if (x["N"], x["arch"], x["model"]) == (N, arch, kind)), None)
-            d = x and x.get("d_model", x.get("n_embd"))  # rows written before the rename hold n_embd
-            cells.append(f"{m:.3f}, {sd:.3f} ({', '.join(f'{v:.2f}' for v in a)}); ({x['L']}, {x['H']}, {d}, "
-                         f"{x['n_params']:,})" if x else "not run")
-        out.append(f"| {N} | {next(x['chance'] for x in rows if x['N'] == N):.3f} | " + " | ".join(cells) + " |")
-        pairs += [(N, kind, means["wide", kind][0], means["deep", kind][0]) for kind in ("linear", "softmax")
-                  if means["wide", kind][2]]
-    chance = {x["N"]: x["chance"] for x in rows}
-    out += ["", f"- Wide-and-shallow beats narrow-and-deep in {sum(w > d for *_, w, d in pairs)} of {len(pairs)} "
-            "comparisons: " + "; ".join(f"N = {N} {kind}: wide {w:.3f} vs deep {d:.3f}" + (
-                " (both below twice chance)" if max(w, d) < 2 * chance[N] else "") for N, kind, w, d in pairs)
-            + f". This measures what each shape learns in {s['max_iters']} steps, not capacity alone (Theorem 9 bounds "
-            "the retrieval errors of a circuit that has been learned).", ""]
-    return out
+            m, sd, every = means[arch, kind] = accuracies(rows, N, arch, kind)
+            cell = [x for x in rows if (x["N"], x["arch"], x["model"]) == (N, arch, kind)]
+            if not cell:
+                cells.append("not run")
+                continue
+            x, n = cell[0], next((x["n_params"] for x in cell if x["n_params"] is not None), None)
+            d = x.get("d_model", x.get("n_embd"))  # rows written before the rename hold n_embd
+            seeds = ", ".join("diverged" if v is None else f"{v:.2f}" for v in every)
+            cells.append(("diverged" if math.isnan(m) else f"{m:.3f}, {sd:.3f}") + f" ({seeds}); ({x['L']}, {x['H']}, "
+                         f"{d}, {'?' if n is None else f'{n:,}'})")
+        chance = next(x["chance"] for x in rows if x["N"] == N)
+        out.append(f"| {N} | {chance:.3f} | " + " | ".join(cells) + " |")
+        pairs += [(N, kind, means["wide", kind][0], means["deep", kind][0], chance) for kind in ("linear", "softmax")
+                  if means["wide", kind][2] and means["deep", kind][2]]
+    num = lambda v, fmt=".3f": "—" if math.isnan(v) else format(v, fmt)
+    out += ["", "Wide against deep: mean accuracy (—: every seed diverged).", "",
+            "| N | model | wide | deep | wide - deep | 2 x chance |", "|---|---|---|---|---|---|"]
+    out += [f"| {N} | {kind} | {num(w)} | {num(d)} | {num(w - d, '+.3f')} | {2 * c:.3f} |" for N, kind, w, d, c in pairs]
+    return out + [""]
+
 
 # -----------------------------------------------------------------------------
 # concept drift
@@ -446,29 +456,10 @@ def report_drift(r):
            "| drift | rule@param | steady error | re-converged | S_F at T/2 | at T | max | growth | exponent |",
            "|---|---|---|---|---|---|---|---|---|"]
     for x in r["runs"]:
-        ok = x["ok"] = [v for v in x["reconv"] if v is not None]
+        ok = [v for v in x["reconv"] if v is not None]
         rc = f"{len(ok)}/{len(x['reconv'])}" + (f" ({median(ok)})" if ok else "") if x["reconv"] else "—"
         out.append(f"| {x['drift']} | {x['variant']} | {x['steady_error']:.3f} | {rc} | {x['norm_half']:.2f} | "
                    f"{x['norm_end']:.2f} | {x['max_norm']:.2f} | {x['growth']:.2f} | {x['exponent']:.2f} |")
-    out.append("")
-    for kind in ("abrupt", "gradual"):
-        get = {x["variant"]: x for x in r["runs"] if x["drift"] == kind}
-        h, dl, oj = get.get("hebbian"), get.get("delta@1"), get.get("oja@1")
-        line = f"- **{kind}.**"
-        if h:
-            poorly = dl and h["steady_error"] > 2 * dl["steady_error"]
-            line += (f" Hebbian: |S|_F {h['norm_half']:.1f} at T/2, {h['norm_end']:.1f} at T (growth {h['growth']:.2f}, "
-                     f"exponent {h['exponent']:.2f}): " + ("grows without bound" if h["growth"] > 1.1 else "**bounded**")
-                     + f"; steady error {h['steady_error']:.3f}" + (f" against delta's {dl['steady_error']:.3f}: " + (
-                         "adapts poorly." if poorly else "**adapts as well**.") if dl else "."))
-        if dl and dl["reconv"]:
-            line += (f" Delta (beta 1) re-converged after {len(dl['ok'])} of {len(dl['reconv'])} switches"
-                     + (f", in a median {median(dl['ok'])} steps." if dl["ok"] else "."))
-        if oj:
-            line += (f" Oja (beta 1): |S|_F at most {oj['max_norm']:.1f}, growth {oj['growth']:.2f}: "
-                     + ("bounded" if oj["growth"] < 1.1 else "**not bounded**") + f"; steady error {oj['steady_error']:.3f}"
-                     + (" (it bounds the norm but tracks the targets poorly)." if oj["steady_error"] > 0.1 else "."))
-        out.append(line)
     return out + [""]
 
 # -----------------------------------------------------------------------------
@@ -608,18 +599,21 @@ def main(argv=None):
             runtime.write_json(path(name, "json"), result)
             png = save_figure(steps[name][1], result, path(name, "png"))
             print(f"wrote {path(name, 'json')}{' and .png' if png else ''} [{result['wall_s']:.0f}s]", flush=True)
+        if args.command in ("all", "summary"):
+            results = {}
+            for name in EXPERIMENTS:
+                if os.path.exists(path(name, "json")):
+                    with open(path(name, "json")) as f:
+                        results[name] = json.load(f)
+                    if args.command == "summary":  # the figures too, from the same json
+                        save_figure(steps[name][1], results[name], path(name, "png"))
+            runtime.write_text(path("summary", "md"), summary(results))
+            print(f"wrote {path('summary', 'md')}")
     except ValueError as e:  # bad sizes reach the memory or the task as ValueError
         p.exit(2, f"conditioning.py: error: {e}\n")
-    if args.command in ("all", "summary"):
-        results = {}
-        for name in EXPERIMENTS:
-            if os.path.exists(path(name, "json")):
-                with open(path(name, "json")) as f:
-                    results[name] = json.load(f)
-                if args.command == "summary":  # the figures too, from the same json
-                    save_figure(steps[name][1], results[name], path(name, "png"))
-        runtime.write_text(path("summary", "md"), summary(results))
-        print(f"wrote {path('summary', 'md')}")
+    except OSError as e:  # a full disk, a folder made read-only: every file is written whole or not at all
+        p.exit(1, f"conditioning.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; "
+               "the files written before it are kept\n")
     return 0
 
 

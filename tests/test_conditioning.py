@@ -2,8 +2,10 @@
 the head-combination rules on hand-built read-outs, exact recovery by the delta rule under drift, every
 subcommand end to end at toy sizes, and one-line errors (exit code 2) for bad input."""
 from functools import partial
+import errno
 import json
 import math
+import os
 import sys
 
 import pytest
@@ -111,6 +113,15 @@ def test_all_writes_every_json_and_summary(toy):
     assert f"| sphere | 16 | {c['trials']} | {c['n_avg']} | 5.0 | {c['n_wc']} | 0.89 | {c['looseness']:.1f} |" in text
     for title in ("## Capacity", "## Error propagation", "## Wide-and-shallow", "## Concept drift"):
         assert title in text
+    (a, b, r2), (e, _, r2e) = r["capacity"]["fits"]["sphere"].values()  # the fits, a row of numbers per feature
+    assert f"| {a:.4f} | {b:+.2f} | {r2:.4f} | {a * 4:.3f} | {e:.2f} | {r2e:.3f} |" in text
+    cells = [x for x in r["propagation"]["rows"] if x["bound"] < 1]
+    assert f"| {len(cells)} | {sum(x['error'] <= x['bound'] for x in cells)} |" in text
+    for N in (2,):  # wide against deep, per model
+        m = lambda arch, kind: C.accuracies(rows, N, arch, kind)[0]
+        w, d = m("wide", "linear"), m("deep", "linear")
+        assert f"| {N} | linear | {w:.3f} | {d:.3f} | {w - d:+.3f} | {2 * rows[0]['chance']:.3f} |" in text
+    assert "**" not in text  # tables of numbers; their reading is results/conditioning.md's
     (toy / "summary.md").unlink()
     assert run(["summary", "--results", str(toy)]) == 0  # rebuilt from the json files
     assert (toy / "summary.md").read_text() == text
@@ -144,6 +155,9 @@ def test_one_subcommand_without_matplotlib(tmp_path, monkeypatch):
     (["capacity", "--eps", "nan"], "--eps must be a finite number, got nan"),
     (["drift", "--sigma", "nan"], "--sigma must be a finite number, got nan"),
     (["drift", "--sigma", "inf"], "--sigma must be a finite number, got inf"),
+    (["capacity", "--eps", "inf"], "--eps must be a finite number, got inf"),
+    (["propagation", "--ratios", "0.5", "nan"], "--ratios must be a finite number, got 0.5 nan"),
+    (["propagation", "--ratios", "inf"], "--ratios must be a finite number, got inf"),
     (["summary", "--results", "/nonexistent/conditioning"], "--results /nonexistent/conditioning: no such folder"),
     (["drift", "--results", "/proc/version"], "--results /proc/version: cannot write there"),
     (["depth_width", "--scratch", "/proc/version/x"], "--scratch /proc/version/x: cannot write there"),
@@ -158,3 +172,36 @@ def test_depth_width_runs_again_over_its_scratch_runs(tmp_path):
     argv = ["depth_width", "--results", str(tmp_path / "r"), "--scratch", str(tmp_path / "s"), "--twin", "false"]
     argv += TOY[TOY.index("--n_facts"):TOY.index("--variants")]
     assert run(argv) == 0 and run(argv) == 0  # the scratch runs are replaced, not refused
+
+
+def test_a_diverged_cell_is_reported_in_its_table(tmp_path, monkeypatch):
+    real = C.train.main  # the deep cells train with a step so large that the loss or the parameters overflow
+    monkeypatch.setattr(C.train, "main", lambda argv: real(argv + ["--lr=1e30"] * any("_deep_" in a for a in argv)))
+    argv = ["depth_width", "--results", str(tmp_path / "r"), "--scratch", str(tmp_path / "s"), "--twin", "false"]
+    assert run(argv + TOY[TOY.index("--n_facts"):TOY.index("--variants")]) == 0
+    r = json.loads((tmp_path / "r" / "depth_width.json").read_text())
+    assert [(x["arch"], x["diverged"], x["accuracy"] is None) for x in r["rows"]] == [("wide", False, False),
+                                                                                      ("deep", True, True)]
+    text = "\n".join(C.report_depth_width(r))
+    assert "| diverged (diverged); (2, 1, " in text and f"| 2 | linear | {r['rows'][0]['accuracy']:.3f} | — | — |" in text
+
+
+def test_a_full_disk_is_one_line_and_exit_code_1(tmp_path, monkeypatch, capsys):
+    class Full:  # a file on a full disk: the write fails
+        def __init__(self, *a, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(C.runtime, "open", Full, raising=False)  # runtime.write_text's open
+    assert run(["drift", "--results", str(tmp_path)] + TOY[TOY.index("--variants"):]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"conditioning.py: error: {tmp_path / 'drift.json'}: No space left on device; "
+                   "the files written before it are kept"), err
+    assert not list(tmp_path.iterdir())  # no drift.json, whole or partial, and no .tmp left behind
