@@ -6,34 +6,14 @@ One subcommand per experiment; each writes out/conditioning/<name>.json and <nam
     python conditioning.py capacity      # Theorem 6 (App. A.1, Eqs. 27-39)
     python conditioning.py propagation   # Theorem 9 (Def. 8, App. A.2, Eqs. 40-51)
     python conditioning.py depth_width   # wide-and-shallow vs narrow-and-deep, trained on `hop` through train.py
-    python conditioning.py drift         # hebbian, hebbian with decay, delta, oja under concept drift (Eqs. 16-17, 22-25)
+    python conditioning.py drift         # hebbian, its decay, delta, oja under concept drift (Eqs. 16-17, 22-25)
     python conditioning.py all           # the four, then summary.md (`summary`: rebuild it and the figures)
 
 Every memory write and read goes through linear_attn.memory; a read is a step with beta = 0 (it writes nothing).
-Synthetic draws are float64, from seeded torch.Generators. Definitions:
-- capacity: S = sum_j v_j k_j^T over n pairs (hebbian, beta = 1); every stored key is queried. Values uniform on
-  the unit sphere; keys on the sphere (the theorem's assumption) or elu+1 features elu(x) + 1, x ~ N(0, I),
-  L2-normalised (so the signal is exactly v_m in both). Retrieval noise of item m = |S k_m - v_m|^2 (signal
-  power 1); P_N = its mean over items and trials; SNR = 1 / P_N. Average-case capacity n*(gamma) = the largest n
-  with SNR >= gamma (theorem: n < 1 + d_k/gamma). Worst-case capacity = the largest n with P(some of the n items
-  has noise >= delta) <= eps, against the bound sqrt(eps delta d_k). Both found by doubling, then bisecting n.
-- propagation: L layers of H heads; each head holds its own memory of n random pairs (independent unit key codes
-  per head, shared value codes: the theorem's independent heads), each layer independent pairs; every stored pair
-  starts a chain, which succeeds iff its hop succeeds in each of the L layers. A head succeeds iff its noise
-  |r_h - v|^2 < delta (the theorem's event; --criterion decode: iff the nearest stored value to r_h is v).
-  Head combination: best = any head succeeds (oracle selection, the theorem's OR); sum = the heads' read-outs
-  averaged (a layer's W_O sums them; the average keeps the signal at v), then the same test; majority = more
-  than H/2 heads succeed. Error = the fraction of failed chains, against the theorem's L (n / (delta d_k))^H.
-- depth_width: attention-only LinearAttention (use_mlp False), wide-and-shallow L=2, H=4 against
-  narrow-and-deep L=8, H=1 at the width whose parameter count is closest; the softmax twin is transformer.py at
-  the same L, H and width with mlp_ratio 0 and no biases, so its MLP adds exactly zero (attention-only; its
-  unused ln_2 weights are counted). Defaults: 1-hop queries, since in this token layout a k-hop query needs
-  k + 1 layers (one binds each fact's b to its a, one per hop); rule delta (--rule hebbian: the paper's base
-  model). Accuracy: exact match at the queries of held-out sequences; chance: 1 / (entities in context).
-- drift: M fixed keys; each step writes (k_i, v_t(i)) for a uniformly random i. Abrupt: all targets redrawn every
-  `period` steps; gradual: each step every target moves v <- normalize(v + sigma xi), xi ~ N(0, I/d_v). Tracking
-  error = mean over the M keys of 1 - cos(S_t k_i, v_t(i)) after the write at t (the model reads Norm(S q): only
-  the direction counts). Re-convergence: steps after a switch until the error first falls to <= tol.
+Synthetic draws are float64, from seeded torch.Generators. What each experiment measures (noise, SNR, capacity,
+chain error, the head rules, accuracy, tracking error) is defined in the docstring of its function: capacity and
+capacity_point, propagation and chain_errors, depth_width, drift with drift_stream and track. summary.md tabulates
+the numbers; results/conditioning.md reads them against the paper.
 """
 from contextlib import redirect_stderr, redirect_stdout
 import json
@@ -105,6 +85,11 @@ def median(xs):
 
 
 def capacity_point(d_k, n, kind, trials, delta, seed):
+    """S = sum_j v_j k_j^T over n pairs (hebbian, beta = 1), every stored key queried, in each of `trials` draws.
+    Values uniform on the unit sphere; keys on the sphere (the theorem's assumption) or elu+1 features elu(x) + 1,
+    x ~ N(0, I), L2-normalised (so the signal is exactly v_m in both). Retrieval noise of item m = |S k_m - v_m|^2
+    (signal power 1); mean_noise = P_N, its mean over items and trials (theorem: (n-1)/d_k); p_item: the fraction
+    of items with noise >= delta; p_any: the fraction of draws in which some item has."""
     g = torch.Generator().manual_seed(hash((seed, d_k, n, FEATURES.index(kind))) % (1 << 62))
     x = torch.randn(trials, 1, n, d_k, generator=g, dtype=torch.float64)
     K, V = F.normalize(F.elu(x) + 1 if kind == "elu+1" else x, dim=-1), unit(trials, 1, n, d_k, g=g)
@@ -114,6 +99,10 @@ def capacity_point(d_k, n, kind, trials, delta, seed):
 
 
 def capacity(args):
+    """Theorem 6 per key feature and d_k. SNR = 1 / P_N. Average-case capacity n*(gamma) = the largest n with
+    SNR >= gamma (theorem: n < 1 + d_k/gamma). Worst-case capacity = the largest n with P(some of the n items has
+    noise >= delta) <= eps, against the bound sqrt(eps delta d_k). Both found by doubling, then bisecting n; fits:
+    n*(gamma) against d_k, and log worst case against log d_k."""
     points, caps, fits = [], [], {}
     for kind in args.features:
         for d_k in args.d_ks:
@@ -161,7 +150,8 @@ def capacity_figure(plt, r):
 def report_capacity(r):
     s = r["settings"]
     out = ["## Capacity (Theorem 6)", "", f"gamma = {s['gamma']:g}, delta = {s['delta']:g}, eps = {s['eps']:g}.", "",
-           "| keys | d_k | trials | n*(gamma) | 1 + d_k/gamma | worst case n | sqrt(eps delta d_k) | measured / bound |",
+           "| keys | d_k | trials | n*(gamma) | 1 + d_k/gamma | worst case n | sqrt(eps delta d_k) "
+           "| measured / bound |",
            "|---|---|---|---|---|---|---|---|"] + [
            f"| {c['features']} | {c['d_k']} | {c['trials']} | {c['n_avg']} | {c['theory_avg']:.1f} | {c['n_wc']} | "
            f"{c['bound']:.2f} | {c['looseness']:.1f} |" for c in r["capacity"]] + [""]
@@ -188,7 +178,11 @@ def report_capacity(r):
 
 def chain_errors(R, V, n_layers, delta, heads, depths, criterion="threshold"):
     """R (trials * n_layers, H_max, n, d_v): the heads' read-outs of every stored key; V (trials * n_layers, n, d_v)
-    the values -> {rule: {H: {L: error}}}: chain m fails unless pair m's hop succeeds in each of the first L layers."""
+    the values -> {rule: {H: {L: error}}}: chain m fails unless pair m's hop succeeds in each of the first L layers.
+    A head succeeds iff its noise |r_h - v|^2 < delta (the theorem's event; criterion decode: iff the nearest stored
+    value to r_h is v). Head combination: best = any head succeeds (oracle selection, the theorem's OR); sum = the
+    heads' read-outs averaged (a layer's W_O sums them; the average keeps the signal at v), then the same test;
+    majority = more than H/2 heads succeed."""
     def ok(r):  # (B, [H,] n, d_v) -> (B, [H,] n) bool
         v = V[:, None] if r.dim() == 4 else V
         if criterion == "threshold":
@@ -204,6 +198,11 @@ def chain_errors(R, V, n_layers, delta, heads, depths, criterion="threshold"):
 
 
 def propagation(args):
+    """Theorem 9: L layers of H heads; each head holds its own memory of n random pairs (independent unit key codes
+    per head, shared value codes: the theorem's independent heads), each layer independent pairs; every stored pair
+    starts a chain, which succeeds iff its hop succeeds in each of the L layers (chain_errors). Error = the fraction
+    of failed chains, against the theorem's L (n / (delta d_k))^H. L_slopes: per rule, the log-log slopes of error
+    against L of the (n, H) cells with 0 < error < 0.5 at three or more depths."""
     d, L_max, H_max, rows = args.prop_d_k, max(args.depths), max(args.heads), []
     for ratio in args.ratios:
         n = max(2, round(ratio * d))
@@ -212,9 +211,11 @@ def propagation(args):
         errs = chain_errors(store_and_read(K, V[:, None].expand(-1, H_max, -1, -1), K), V, L_max, args.delta,
                             args.heads, args.depths, args.criterion)
         rows += [dict(rule=rule, n=n, H=H, L=L, error=errs[rule][H][L], chains=trials * n,
-                      bound=L * (n / (args.delta * d)) ** H) for rule in COMBINE for H in args.heads for L in args.depths]
+                      bound=L * (n / (args.delta * d)) ** H)
+                 for rule in COMBINE for H in args.heads for L in args.depths]
         print(f"propagation n/d_k={n / d:g}: layer error, one head {errs['best'][1][1]:.4f}; {H_max} heads: best "
-              f"{errs['best'][H_max][1]:.2e}, sum {errs['sum'][H_max][1]:.2e}, majority {errs['majority'][H_max][1]:.2e}")
+              f"{errs['best'][H_max][1]:.2e}, sum {errs['sum'][H_max][1]:.2e}, "
+              f"majority {errs['majority'][H_max][1]:.2e}")
     slopes = {}  # log-log slope of error against L per (rule, n, H), where 0 < error < 0.5
     for rule in COMBINE:
         cells = [[(math.log(r["L"]), math.log(r["error"])) for r in rows if (r["rule"], r["n"], r["H"]) == (rule, n, H)
@@ -244,7 +245,8 @@ def report_propagation(r):
     bound = lambda n, H, L=1: L * (n / (s["delta"] * s["d_k"])) ** H
     out = ["## Error propagation (Theorem 9)", "", f"d_k = {s['d_k']}, delta = {s['delta']:g}, criterion "
            f"`{s['criterion']}`, at least {min(x['chains'] for x in rows):,} chains per n. Layer error (L = 1), "
-           "best / sum / majority (bound (n/(delta d_k))^H):", "", "| H | " + " | ".join(f"n/d_k = {n / s['d_k']:g}" for n in ns) + " |",
+           "best / sum / majority (bound (n/(delta d_k))^H):", "",
+           "| H | " + " | ".join(f"n/d_k = {n / s['d_k']:g}" for n in ns) + " |",
            "|---|" + "---|" * len(ns)]
     out += [f"| {H} | " + " | ".join(" / ".join(f"{get(rule, n, H):.2g}" for rule in COMBINE) + f" ({bound(n, H):.2g})"
                                      for n in ns) + " |" for H in Hs]
@@ -274,6 +276,13 @@ def report_propagation(r):
 
 
 def depth_width(args):
+    """Attention-only LinearAttention (use_mlp False), wide-and-shallow L=2, H=4 against narrow-and-deep L=8, H=1
+    at the width whose parameter count is closest; the softmax twin is transformer.py at the same L, H and width
+    with mlp_ratio 0 and no biases, so its MLP adds exactly zero (attention-only; its unused ln_2 weights are
+    counted). Defaults: 1-hop queries, since in this token layout a k-hop query needs k + 1 layers (one binds each
+    fact's b to its a, one per hop); rule delta (--rule hebbian: the paper's base model). Accuracy: exact match at
+    the queries of held-out sequences; chance: 1 / (entities in context). A run whose loss or parameters stop being
+    finite is a row with diverged True and accuracy None."""
     (L_ws, H_ws, d_ws), (L_nd, H_nd), rows = args.ws, args.nd, []
     for N in args.n_facts:
         opts = dict(n_facts=N, depth=args.facts_per_chain, hops=args.hops, n_entities=args.n_entities)
@@ -334,16 +343,17 @@ def depth_width_figure(plt, r):
         if any(s[2] for s in st):  # the cell was run
             ax.errorbar(Ns, [s[0] for s in st], [s[1] for s in st], fmt=m, capsize=3, label=f"{arch} {kind}")
     ax.plot(Ns, [next(x["chance"] for x in r["rows"] if x["N"] == N) for N in Ns], "k:", label="chance")
-    ax.set(xlabel="N facts in context", ylabel="accuracy (mean, sd over seeds)", title="hop: wide-shallow vs narrow-deep")
+    ax.set(xlabel="N facts in context", ylabel="accuracy (mean, sd over seeds)",
+           title="hop: wide-shallow vs narrow-deep")
     return fig
 
 
 def report_depth_width(r):
     s, rows = r["settings"], r["rows"]
-    out = ["## Wide-and-shallow vs narrow-and-deep (`hop`)", "", f"{s['hops']}-hop queries, {s['facts_per_chain']} facts "
-           f"per chain, {s['n_entities']} entities; linear rule {s['rule']}; {s['max_iters']} steps of batch "
-           f"{s['batch_size']}, lr {s['lr']:g}. Accuracy: mean, sd over the seeds that did not diverge (per seed); "
-           "(L, H, d_model, parameters).", "",
+    out = ["## Wide-and-shallow vs narrow-and-deep (`hop`)", "",
+           f"{s['hops']}-hop queries, {s['facts_per_chain']} facts per chain, {s['n_entities']} entities; linear rule "
+           f"{s['rule']}; {s['max_iters']} steps of batch {s['batch_size']}, lr {s['lr']:g}. Accuracy: mean, sd over "
+           "the seeds that did not diverge (per seed); (L, H, d_model, parameters).", "",
            "| N | chance | wide linear | deep linear | wide softmax | deep softmax |", "|---|---|---|---|---|---|"]
     pairs = []  # (N, kind, wide mean, deep mean, chance)
     for N in sorted({x["N"] for x in rows}):
@@ -366,7 +376,8 @@ def report_depth_width(r):
     num = lambda v, fmt=".3f": "—" if math.isnan(v) else format(v, fmt)
     out += ["", "Wide against deep: mean accuracy (—: every seed diverged).", "",
             "| N | model | wide | deep | wide - deep | 2 x chance |", "|---|---|---|---|---|---|"]
-    out += [f"| {N} | {kind} | {num(w)} | {num(d)} | {num(w - d, '+.3f')} | {2 * c:.3f} |" for N, kind, w, d, c in pairs]
+    out += [f"| {N} | {kind} | {num(w)} | {num(d)} | {num(w - d, '+.3f')} | {2 * c:.3f} |"
+            for N, kind, w, d, c in pairs]
     return out + [""]
 
 
@@ -375,7 +386,9 @@ def report_depth_width(r):
 
 
 def drift_stream(kind, n_keys, d, steps, period, sigma, keys, g):
-    """Keys (M, d), the key written at each step (T,), every target at every step (T, M, d)."""
+    """Keys (M, d), the key written at each step (T,), every target at every step (T, M, d). M fixed keys; each
+    step writes (k_i, v_t(i)) for a uniformly random i. Abrupt: all targets redrawn every `period` steps; gradual:
+    each step every target moves v <- normalize(v + sigma xi), xi ~ N(0, I/d_v)."""
     if keys == "orthonormal" and n_keys > d:
         raise ValueError(f"{n_keys} orthonormal keys need d_k >= {n_keys}, got {d}")
     K = (torch.linalg.qr(torch.randn(d, n_keys, generator=g, dtype=torch.float64))[0].T if keys == "orthonormal"
@@ -392,7 +405,9 @@ def drift_stream(kind, n_keys, d, steps, period, sigma, keys, g):
 
 def track(K, idx, targets, rule, param, norm_every):
     """Write the stream by `rule`, read every key after every write (one head per key): the tracking error at
-    every step (T,) and |S|_F every norm_every steps (the state memory() hands back between segments)."""
+    every step (T,) and |S|_F every norm_every steps (the state memory() hands back between segments). Tracking
+    error = mean over the M keys of 1 - cos(S_t k_i, v_t(i)) after the write at t (the model reads Norm(S q): only
+    the direction counts)."""
     (M, d), T = K.shape, len(idx)
     writes = targets[torch.arange(T), idx]  # (T, d): v_t(i_t)
     beta, decay = (1.0, param) if rule == "hebbian" else (param, None)
@@ -401,13 +416,19 @@ def track(K, idx, targets, rule, param, norm_every):
     for t0 in range(0, T, norm_every):
         t1 = min(T, t0 + norm_every)
         k, v = (x[None, None, t0:t1].expand(1, M, -1, -1) for x in (K[idx], writes))
-        o, S = memory(K[None, :, None].expand(1, M, t1 - t0, d), k, v, rule, beta, decay, mode, S, chunk_size=t1 - t0)
-        errs.append(1 - F.cosine_similarity(o[0].transpose(0, 1), targets[t0:t1], dim=-1).mean(-1))  # o[0, i, t] = S_t k_i
+        o, S = memory(K[None, :, None].expand(1, M, t1 - t0, d), k, v, rule, beta, decay, mode, S,
+                      chunk_size=t1 - t0)
+        o = o[0].transpose(0, 1)  # (t, M): o[t, i] = S_t k_i
+        errs.append(1 - F.cosine_similarity(o, targets[t0:t1], dim=-1).mean(-1))
         norms.append(S[0, 0].norm().item())
     return torch.cat(errs), norms
 
 
 def drift(args):
+    """Every variant on an abrupt and a gradual stream (drift_stream, track). Re-convergence: steps after a switch
+    until the error first falls to <= tol. Steady error: mean error over the last 10% of each period (abrupt) or
+    the second half (gradual). Growth: max |S|_F over the second half over its max over the first (1: bounded);
+    exponent: the slope of log |S|_F against log t over the second half."""
     out = dict(settings={k: getattr(args, k) for k in ("n_keys", "drift_d", "steps", "period", "sigma", "tol", "keys",
                                                        "norm_every", "seed")}, runs=[])
     for kind in ("abrupt", "gradual"):
@@ -448,11 +469,12 @@ def drift_figure(plt, r):
 
 def report_drift(r):
     s = r["settings"]
-    out = ["## Concept drift", "", f"{s['n_keys']} {s['keys']} keys, d_k = d_v = {s['drift_d']}, {s['steps']} steps; "
-           f"abrupt: all targets redrawn every {s['period']} steps; gradual: sigma = {s['sigma']:g}. Steady error: mean "
-           "1 - cos over the last 10% of each period (abrupt) or the second half (gradual). Re-converged: switches after "
-           f"which the error fell to <= {s['tol']:g} (median steps). Growth: max |S|_F over the second half over its max "
-           "over the first (1: bounded); exponent: slope of log |S|_F against log t over the second half.", "",
+    out = ["## Concept drift", "", f"{s['n_keys']} {s['keys']} keys, d_k = d_v = {s['drift_d']}, {s['steps']} "
+           f"steps; abrupt: all targets redrawn every {s['period']} steps; gradual: sigma = {s['sigma']:g}. Steady "
+           "error: mean 1 - cos over the last 10% of each period (abrupt) or the second half (gradual). Re-converged: "
+           f"switches after which the error fell to <= {s['tol']:g} (median steps). Growth: max |S|_F over the second "
+           "half over its max over the first (1: bounded); exponent: slope of log |S|_F against log t over the second "
+           "half.", "",
            "| drift | rule@param | steady error | re-converged | S_F at T/2 | at T | max | growth | exponent |",
            "|---|---|---|---|---|---|---|---|---|"]
     for x in r["runs"]:
@@ -469,7 +491,8 @@ def report_drift(r):
 def summary(results):
     lines = ["# Conditioning experiments (Qiao, arXiv 2508.08289)", "", "From the json files that `python "
              "conditioning.py all` wrote beside this file; every number is measured by that run. Definitions of noise, "
-             "SNR, capacity, error and success criteria: the docstring of conditioning.py. Wall time: " + ", ".join(
+             "SNR, capacity, error and success criteria: the docstrings of conditioning.py's experiments; what the "
+             "numbers say: [../conditioning.md](../conditioning.md). Wall time: " + ", ".join(
                  f"{name} {results[name]['wall_s']:.0f}s" for name in EXPERIMENTS if name in results) + ".", ""]
     reports = dict(capacity=report_capacity, propagation=report_propagation, depth_width=report_depth_width,
                    drift=report_drift)
