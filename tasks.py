@@ -4,51 +4,23 @@ The Bayesian wind tunnels: tasks whose exact posterior is known at every positio
 Every sequence draws fresh latent parameters (a permutation, an HMM, a weight vector, a
 key-value binding, a set of chains), so the hypothesis space cannot be memorised and the model
 must infer in context. Each task is a small dataclass with a `name`: its fields are the options
-(`make_task(name, **opts)`), `sample(batch_size, generator)` returns a `Batch`, and
-`loss(out, batch)` is the training loss.
+(`make_task(name, **opts)`), `sample(batch_size, generator)` returns a `Batch` (x, y, mask and
+the latent parameters), and `loss(out, batch)` is the training loss; `Task` lists the attributes
+that size a model's input and output.
 A batch is drawn on the generator's device: with a CUDA generator every tensor, the HMM's
 forward filter included, is made on the GPU, and no step reads a value back to the host (the loops
 run a fixed number of times), so drawing a batch never waits for the GPU.
 
-    Batch.x       (B, T) int64 tokens, or (B, T, F) float features (regression)
-    Batch.y       target at every position: class index (-100 where unscored), the oracle
-                  posterior (B, T, C) for soft-target tasks, or the real target (regression)
-    Batch.mask    (B, T) bool, the scored positions; the i-th True entry of mask[b] is query i
-    Batch.latent  dict of per-sequence hidden parameters, the names the oracle relies on
-
-Model I/O is described by attributes every task has: `vocab_size` (0 for real inputs),
-`n_features`, `n_classes` (answer classes C; the model outputs (B, T, C), or (B, T, 2) =
-(mean, log-variance) when `gaussian`), `answer_offset` (token id of answer class 0 when the
-answers are tokens, which lets a model tie its head to the embedding) and `seq_len` (T).
-
 Each task's docstring shows one drawn sequence, a column per position, with `.` where the loss
 never reads y (-100, or 0 for soft and real targets); tests/test_data.py draws it again, so the
-example cannot drift from the code.
+example cannot drift from the code. The same docstring gives the task's design decisions, which
+follow the authors' released code where the paper is silent:
 
-Design decisions (formats follow the authors' released code where the paper is silent):
-- bijection: the authors' analysed "sepvocab" format, keys 0..V-1 and values V..2V-1,
-  `k1 v1 k2 v2 ... kL`, every key position a query; L defaults to V-1 = 19 as in their
-  analysed checkpoint (the position-only predictor, uniform over V, then scores
-  mean_t log2(V / (V - t)) = 1.107 bits; L=V adds a final position that is always determined).
-  `layout=query` is the variant on which the paper measured its layer-0 frame (their
-  jlens/reconcile_frame_head.py): shared tokens 0..V-1, `k1 v1 ... kL vL q` with q drawn from the
-  context keys, every key and q scored, as their jlens/train_paired_variant.py trains it (labels on
-  the key positions; their paper1_bijection/train.py also labels each value position with itself).
-- hmm: the authors' header of probability tokens `[TRANS] T.. [EMIT] E.. [SEP]` then
-  `[OBS] o1 [OBS] o2 ...`; rows ~ Dirichlet(1), by default floored at 0.05 and put on a
-  2-decimal grid by the authors' procedure (`to_cents_grid`) so the header states the matrices
-  exactly. With `discretize=False` the header shows the rounded matrices while the oracle uses the
-  exact ones.
-- regression (not in the paper; the standard conjugate setting): tokens alternate a query
-  [x_i, 0, 1], where y_i is predicted, and the observed pair [x_i, y_i, 0]. Each observation is one
-  token, so the task tests accumulation, not the binding of x and y across positions (recall's job).
-- recall: the authors' generator layout `[STORE k SEP v] x N, FILLER x F, then QUERY k PAD`
-  with F/2 fillers between queries; the bound value is read at the query key position (causal).
-- hop (the Pavlovian paper's multi-hop binding, Thm 9, for wide vs deep): N one-to-one facts
-  a -> b over fresh entities form N/depth chains e_0 -> e_1 -> ... -> e_depth, shown as
-  `a1 b1 ... aN bN` in shuffled order, then `SEP`, then queries `[k] e` whose answer, read at e
-  (causal), is the k-hop successor of e. Each query's start is uniform over the chain positions
-  with k successors; queries are independent (repeats possible).
+    bijection   belief accumulation: a random permutation's values, shown key by key
+    hmm         belief accumulation and transport: the forward filter of the HMM stated in the header
+    regression  accumulation with a continuous latent: Bayesian linear regression (not in the paper)
+    recall      random-access binding: the value bound to a queried key
+    hop         binding composed over k hops (the Pavlovian paper's Theorem 9, for wide vs deep)
 """
 from dataclasses import dataclass, field, fields, replace
 import math
@@ -63,6 +35,13 @@ IGNORE = -100
 
 @dataclass
 class Batch:
+    """A batch of sequences, every tensor batch-first:
+
+        x       (B, T) int64 tokens, or (B, T, F) float features (regression)
+        y       target at every position: class index (-100 where unscored), the oracle
+                posterior (B, T, C) for soft-target tasks, or the real target (regression)
+        mask    (B, T) bool, the scored positions; the i-th True entry of mask[b] is query i
+        latent  dict of per-sequence hidden parameters, the names the oracle relies on"""
     x: torch.Tensor
     y: torch.Tensor
     mask: torch.Tensor
@@ -85,7 +64,12 @@ def check(ok, msg):
 
 
 class Task:
-    """Shared plumbing: the loss for each kind of target. Subclasses are dataclasses."""
+    """Shared plumbing: the loss for each kind of target. Subclasses are dataclasses.
+
+    Model I/O is described by attributes every task has: `vocab_size` (0 for real inputs), `n_features`,
+    `n_classes` (answer classes C; the model outputs (B, T, C), or (B, T, 2) = (mean, log-variance) when
+    `gaussian`), `answer_offset` (token id of answer class 0 when the answers are tokens, which lets a model tie
+    its head to the embedding) and `seq_len` (T)."""
     name = None  # the task's key in TASKS, set by each subclass
     gaussian = False  # real-valued prediction with a Gaussian head
     soft_targets = False  # y is a distribution (B, T, C)
@@ -147,7 +131,13 @@ class Bijection(Task):
         mask 1 0 1 0 1 0 1
         y    2 . 0 . 3 . 0
 
-    The query is key 2, shown with value 0 at positions 2-3, so its posterior is a point mass."""
+    The query is key 2, shown with value 0 at positions 2-3, so its posterior is a point mass.
+
+    separate is the authors' analysed "sepvocab" format; L defaults to V-1 = 19 as in their analysed checkpoint
+    (the position-only predictor, uniform over V, then scores mean_t log2(V / (V - t)) = 1.107 bits; L=V adds a
+    final position that is always determined). query is the variant on which the paper measured its layer-0 frame
+    (their jlens/reconcile_frame_head.py), scored as their jlens/train_paired_variant.py trains it (labels on the
+    key positions; their paper1_bijection/train.py also labels each value position with itself)."""
     name = "bijection"
     V: int = 20  # size of the key and value alphabets; pi is a permutation of range(V)
     L: int = None  # number of key positions; None means V-1
@@ -246,7 +236,12 @@ class HMM(Task):
         mask   0  0  0  0  0   0  0  0  0  0   0   0           1   0           1
         y      .  .  .  .  .   .  .  .  .  .   .   . [0.56 0.44]   . [0.57 0.43]
 
-    T = [[0.74, 0.26], [0.2, 0.8]], E = [[0.4, 0.6], [0.31, 0.69]], then symbol 0 twice."""
+    T = [[0.74, 0.26], [0.2, 0.8]], E = [[0.4, 0.6], [0.31, 0.69]], then symbol 0 twice.
+
+    The layout is the authors' header of probability tokens `[TRANS] T.. [EMIT] E.. [SEP]` then
+    `[OBS] o1 [OBS] o2 ...`. Rows ~ Dirichlet(1), by default floored at 0.05 and put on a 2-decimal grid by the
+    authors' procedure (`to_cents_grid`) so the header states the matrices exactly. With `discretize=False` the
+    header shows the rounded matrices while the oracle uses the exact ones."""
     name = "hmm"
     n_states: int = 5  # S hidden states
     n_obs: int = 5  # O observation symbols
@@ -305,7 +300,10 @@ class Regression(Task):
 
         x    [-0.29 0 1] [-0.29 -0.17 0] [-2.18 0 1] [-2.18 -3.9 0]
         mask           1               0           1              0
-        y          -0.17               .        -3.9              ."""
+        y          -0.17               .        -3.9              .
+
+    Not in the paper: the standard conjugate setting. Each observation is one token, so the task tests
+    accumulation, not the binding of x and y across positions (recall's job)."""
     name = "regression"
     d: int = 8  # input dimension
     K: int = 16  # (x, y) pairs per sequence
@@ -358,7 +356,10 @@ class Recall(Task):
         mask 0 0 0 0 0 0 0  0 0 0 0 1 0 0 0 1 0
         y    . . . . . . .  . . . . 0 . . . 2 .
 
-    Key 2 (token 7) is bound to value 0 (token 9), key 3 (token 8) to value 2 (token 11)."""
+    Key 2 (token 7) is bound to value 0 (token 9), key 3 (token 8) to value 2 (token 11).
+
+    The layout is the authors' generator's, `[STORE k SEP v] x N, FILLER x F, then QUERY k PAD` with F/2 fillers
+    between queries; the bound value is read at the query key position (causal)."""
     name = "recall"
     n_pairs: int = 64  # N stored key-value pairs
     n_queries: int = 3  # M queries of distinct stored keys
@@ -373,7 +374,8 @@ class Recall(Task):
         for k in ("n_pairs", "n_queries", "key_vocab", "value_vocab"):
             v = getattr(self, k)
             check(isinstance(v, int) and v >= 1, f"recall: {k} must be an int >= 1, got {v}")
-        check(isinstance(self.filler, int) and self.filler >= 0, f"recall: filler must be an int >= 0, got {self.filler}")
+        check(isinstance(self.filler, int) and self.filler >= 0,
+              f"recall: filler must be an int >= 0, got {self.filler}")
         check(isinstance(self.query_gap, int) and self.query_gap >= -1,
               f"recall: query_gap must be an int >= 0, or -1 for filler // 2; got {self.query_gap}")
         self.gap = self.filler // 2 if self.query_gap == -1 else self.query_gap
@@ -393,12 +395,13 @@ class Recall(Task):
         vals = uniform_choice_without_replacement(B, self.value_vocab, N, g)
         which = uniform_choice_without_replacement(B, N, M, g)  # which stored pairs are queried
         col = lambda tok, n=1: torch.full((B, n), tok, dtype=torch.long, device=keys.device)
-        store = torch.stack([col(self.STORE, N), keys + self.key_offset, col(self.SEP, N), vals + self.answer_offset], -1)
-        parts = [store.view(B, 4 * N), col(self.FILLER, self.filler)]
+        store = [col(self.STORE, N), keys + self.key_offset, col(self.SEP, N), vals + self.answer_offset]
+        parts = [torch.stack(store, -1).view(B, 4 * N), col(self.FILLER, self.filler)]
         for i in range(M):
             if i > 0 and self.gap:
                 parts.append(col(self.FILLER, self.gap))
-            parts.append(torch.cat([col(self.QUERY), keys.gather(1, which[:, i:i + 1]) + self.key_offset, col(self.PAD)], 1))
+            query = keys.gather(1, which[:, i:i + 1]) + self.key_offset
+            parts.append(torch.cat([col(self.QUERY), query, col(self.PAD)], 1))
         x = torch.cat(parts, 1)
         answer = torch.full_like(x, IGNORE)  # read at the queried keys: 4N + F + 1, then every 3 + gap tokens
         answer[:, 4 * N + self.filler + 1::3 + self.gap] = vals.gather(1, which)
@@ -425,7 +428,12 @@ class Hop(Task):
         y    . . . . . . . . . . 4 . 1
 
     The facts are 0 -> 5, 2 -> 3, 5 -> 1, 3 -> 4 (chains 0 -> 5 -> 1 and 2 -> 3 -> 4): entity 2
-    two hops on is 4, entity 5 one hop on is 1."""
+    two hops on is 4, entity 5 one hop on is 1.
+
+    N one-to-one facts a -> b over fresh entities form N/depth chains e_0 -> e_1 -> ... -> e_depth, shown as
+    `a1 b1 ... aN bN` in shuffled order, then `SEP`, then queries `[k] e` whose answer, read at e (causal), is the
+    k-hop successor of e. Each query's start is uniform over the chain positions with k successors; queries are
+    independent (repeats possible)."""
     name = "hop"
     n_facts: int = 16  # N one-to-one facts a -> b in context
     depth: int = 4  # facts per chain; the N facts form N/depth chains
