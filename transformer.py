@@ -6,19 +6,9 @@ Design decisions:
   residual projections scaled by 1/sqrt(2 n_layer) (GPT-2);
 - positions: learned absolute embeddings by default (the paper's models); `rotary`, `alibi`,
   `learned_alibi` (both) or `none` as options, since the HMM length-generalisation result
-  (K = 30, 50 beyond the trained 20) depends on them; `n_pos` shares one learned row among all
-  later positions, so that a longer sequence meets no untrained row;
-- `log_scale` (Scalable-Softmax, Nakanishi 2025, arXiv 2501.19399) multiplies each head's logits
-  by s_h log n, n the keys in view, s_h learned: with plain softmax a head's weight on a few keys
-  (the HMM's header) dilutes as the keys after them grow in number, and a model trained at one
-  length loses its focus at a longer one;
-- `window` keeps the header (positions < n_pos - 1: with `n_pos`, those with learned rows of their
-  own) in view of every query, with no ALiBi penalty, and the rest only within the last `window`
-  positions, in training as in evaluation (the Λ-shaped mask of LM-Infinite, Han et al. 2024,
-  arXiv 2308.16137). With shared rows and ALiBi a query's output then depends on the header and the
-  last n_layer * (window - 1) positions only, at the same distances wherever it stands: no head
-  spreads thinner, and the header comes no further away, as the sequence grows. The HMM filter
-  forgets its start within ~8 observations (16 tokens), so the window costs it nothing;
+  (K = 30, 50 beyond the trained 20) depends on them, as do three options for longer sequences:
+  `n_pos` (later positions share one learned row: Transformer), `log_scale` (Scalable-Softmax:
+  CausalSelfAttention) and `window` (a Λ-shaped mask that keeps the header in view: attn_bias);
 - inputs: token embeddings, or a linear read-in for real-valued features (regression);
 - outputs: C answer logits. Where the answers are tokens (bijection values, recall values),
   `tie_head` reads them off the embedding rows of those tokens (the paper's tied head);
@@ -26,11 +16,7 @@ Design decisions:
 - the fast path is `scaled_dot_product_attention`; when internals are requested or a head mask
   is given, attention is computed explicitly so its weights can be returned and masked.
 
-Diagnostics: `forward(x, head_mask=None, skip_layers=(), return_internals=False)`.
-`head_mask` (n_layer, n_head) multiplies each head's attention weights (0 silences a head);
-`skip_layers` bypasses whole blocks (output = input); internals hold, per layer, the block's
-input residual `x`, and `q, k, v` (B, H, T, d_head; q as it enters the logits, after rotary and
-log_scale) and `att` (B, H, T, T).
+Diagnostics (silencing heads, skipping layers, the internals a probe reads): Transformer.forward.
 """
 from dataclasses import dataclass
 import math
@@ -79,7 +65,12 @@ def attn_bias(config, T, device):
     """(H, T, T) additive attention bias with -inf on the future, or None for plain causal attention.
     ALiBi: -m_h * (i - j) with slopes m_h = 2^(-8h/H), so each head starts out attending to the recent
     past, at its own range (Press et al. 2022). `window`: keys `window` or more positions back are
-    masked, except the header's (positions < n_pos - 1), which every query sees with no distance penalty."""
+    masked, except the header's (positions < n_pos - 1: with `n_pos`, those with learned rows of their own),
+    which every query sees with no distance penalty, in training as in evaluation (the Λ-shaped mask of
+    LM-Infinite, Han et al. 2024, arXiv 2308.16137). With shared rows and ALiBi a query's output then depends on
+    the header and the last n_layer * (window - 1) positions only, at the same distances wherever it stands: no
+    head spreads thinner, and the header comes no further away, as the sequence grows. The HMM filter forgets
+    its start within ~8 observations (16 tokens), so the window costs it nothing."""
     c = config
     alibi = c.pos.endswith("alibi")
     if not alibi and not c.window:
@@ -101,6 +92,10 @@ def rotary(x, pos_cos, pos_sin):
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention. `log_scale` (Scalable-Softmax, Nakanishi 2025, arXiv 2501.19399) multiplies
+    each head's logits by s_h log n, n the keys in view, s_h learned: with plain softmax a head's weight on a few
+    keys (the HMM's header) dilutes as the keys after them grow in number, and a model trained at one length
+    loses its focus at a longer one."""
 
     def __init__(self, config):
         super().__init__()
@@ -165,12 +160,16 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    """Token (or feature) embedding, position embedding, n_layer blocks, final norm, answer head. With `n_pos`
+    the learned table has n_pos rows and every position from n_pos - 1 on shares the last one, so that a longer
+    sequence than any trained meets no untrained row."""
 
     def __init__(self, config):
         super().__init__()
         c = config
         if c.pos not in POS or c.norm not in NORMS:
-            raise ValueError(f"transformer: pos must be one of {POS} and norm one of {NORMS}, got {c.pos!r}, {c.norm!r}")
+            raise ValueError(f"transformer: pos must be one of {POS} and norm one of {NORMS}, "
+                             f"got {c.pos!r}, {c.norm!r}")
         if c.d_model % c.n_head or (c.pos == "rotary" and (c.d_model // c.n_head) % 2):
             raise ValueError(f"transformer: d_model={c.d_model} must split into n_head={c.n_head} heads"
                              f"{' of even size (rotary)' if c.pos == 'rotary' else ''}")
@@ -180,7 +179,8 @@ class Transformer(nn.Module):
             if getattr(c, name) < 0:
                 raise ValueError(f"transformer: {name} must be >= 0, got {getattr(c, name)}")
         if c.vocab_size < 1 and c.n_features < 1:
-            raise ValueError("transformer: the input size must be >= 1 (vocab_size for tokens or n_features for reals)")
+            raise ValueError("transformer: the input size must be >= 1 "
+                             "(vocab_size for tokens or n_features for reals)")
         self.config = c
         self.tied = bool(c.tie_head and c.vocab_size and c.answer_offset is not None and not c.gaussian)
         if self.tied and not 0 <= c.answer_offset <= c.vocab_size - c.n_classes:
@@ -213,6 +213,11 @@ class Transformer(nn.Module):
         return angles.cos(), angles.sin()
 
     def forward(self, x, head_mask=None, skip_layers=(), return_internals=False):
+        """x (B, T) tokens or (B, T, n_features) -> (B, T, C) logits, or (B, T, 2) = (mean, log-variance).
+        Diagnostics: `head_mask` (n_layer, n_head) multiplies each head's attention weights (0 silences a head);
+        `skip_layers` bypasses whole blocks (output = input); with return_internals, also a dict whose `layers`
+        hold, per layer, the block's input residual `x`, and `q, k, v` (B, H, T, d_head; q as it enters the
+        logits, after rotary and log_scale) and `att` (B, H, T, T), and whose `final` is the normed output."""
         c = self.config
         B, T = x.shape[:2]
         if self.wpe is not None and not c.n_pos and T > c.block_size:
