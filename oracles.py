@@ -17,14 +17,8 @@ float64 from the batch's latent parameters and its context only:
 Categorical oracles are (B, T, C) probabilities (zero rows at unscored positions); regression
 returns (mean, var), each (B, T) (0 and 1 at unscored positions).
 
-Metrics (bits), accumulated over evaluation batches by `Metrics`:
-- mae_curve: the paper's "mean-curve" entropy MAE: average model and oracle entropy over
-  sequences at each query position first, then mean over positions of |difference|;
-- mae_token: mean over every scored (sequence, position) of |H_model - H_oracle| (>= mae_curve);
-- kl: KL(oracle || model) per scored position (the exact Gaussian KL for regression);
-- accuracy: argmax against the true answer (bijection and recall: the value; hop: the
-  successor; hmm: the hidden state); oracle_accuracy is the Bayes decision's expected accuracy, mean of max_c p(c).
-Entropies of Gaussians are differential: H = 1/2 log2(2 pi e var).
+`Metrics` compares a model's predictions with these over evaluation batches, in bits (its
+docstring defines each metric). Entropies of Gaussians are differential: H = 1/2 log2(2 pi e var).
 """
 import math
 
@@ -178,7 +172,16 @@ def true_answer(task, batch):
 
 
 class Metrics:
-    """Accumulates model-vs-oracle statistics over evaluation batches; `result()` gives bits."""
+    """Accumulates model-vs-oracle statistics over evaluation batches; `result()` gives, in bits:
+    - mae_curve: the paper's "mean-curve" entropy MAE: average model and oracle entropy over
+      sequences at each query position first, then mean over positions of |difference|;
+    - mae_token: mean over every scored (sequence, position) of |H_model - H_oracle| (>= mae_curve);
+    - kl: KL(oracle || model) per scored position (the exact Gaussian KL for regression);
+    - accuracy: argmax against the true answer (bijection and recall: the value; hop: the
+      successor; hmm: the hidden state); oracle_accuracy is the Bayes decision's expected accuracy,
+      mean of max_c p(c);
+    - n_sequences, curve_model and curve_oracle (the mean entropy at each query position), and for
+      recall accuracy_by_slot (by the queried pair's place in the store)."""
 
     def __init__(self):
         self.n = 0  # scored tokens
