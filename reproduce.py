@@ -11,23 +11,12 @@ The paper's architecture comparison: every task x model, one train.py run per ce
 A cell is `train.py --task T --model M --preset P --out_dir out/reproduce/P/T_M`; its console
 output goes to train.log beside results.json. A cell with a results.json is finished and
 skipped, and one with only a ckpt.pt is resumed from it, so an interrupted sweep picks up
-where it stopped. With one job (the default without GPUs, or with one) the cells run one
-after another in this process; with several (default: one per visible GPU) each runs as a
-subprocess that sees one GPU (CUDA_VISIBLE_DEVICES: one of those this process was given, an
-inherited CUDA_VISIBLE_DEVICES respected). Model sizes come from train.py's PRESETS
-(the quick preset's LSTM and MLP are matched to within 1% of its transformer's parameters;
-in the paper preset the MLP is matched, the LSTM is the authors' unmatched one). `tiny` runs
-the quick cells for a few steps at toy sizes, for tests.
+where it stopped. The cells run one after another in this process, or one per GPU (run_cells);
+their sizes come from the presets (cell_argv); the MLP has two rows (row_models).
 
-The MLP has two rows, since the paper does not say how its MLP saw the context: `mlp` sees the
-flattened causal prefix, `mlp_pos` (train.py `--model mlp --per_position`, with its own
-capacity-matched widths, presets.py) only the current token and its position.
-
-Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) with, per task, each
-model's entropy MAE in both conventions, KL, accuracy, parameters and training time beside the
-paper's numbers, and per task a figure of per-position model entropy against the oracle's for
-every model (entropy_<task>.png; needs matplotlib, without it the table still comes out). Only
-`--results results` writes the committed results/, so a partial sweep never replaces that table.
+Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) and a figure per task
+(write_table). Only `--results results` writes the committed results/, so a partial sweep never
+replaces that table.
 """
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
@@ -56,7 +45,8 @@ PAPER = {
     "hmm": dict(transformer="0.049", mamba="0.024", lstm="0.411", mlp="≈0.409", mlp_pos="≈0.409"),
     "recall": dict(transformer="acc. 100%", mamba="acc. 97.8%", lstm="acc. 0.5%"),
 }
-PAPER_NOTES = """Paper numbers (second-hand transcriptions of arXiv 2512.22471) are the v3 architecture table unless noted.
+PAPER_NOTES = """Paper numbers (second-hand transcriptions of arXiv 2512.22471) are the v3 architecture table \
+unless noted.
 Bijection: the authors' evaluation averages over sequences first (our mean-curve convention); the v1 transformer
 figure is 3e-3 and the MLP's ≈1.85 is from v1. HMM: the v3 table (0.049 for the transformer, against 7.5e-5 in v1,
 an unresolved discrepancy); the authors' HMM scripts score per token; the transformer's K=50 figure is 0.029.
@@ -64,13 +54,18 @@ Recall: accuracy; the LSTM's 0.5% is chance. Regression is not in the paper. The
 both MLP rows: which of the two readings it ran is not stated."""
 
 def row_models():
-    """The table's rows that can run: train.py's models, and the variants of them."""
+    """The table's rows that can run: train.py's models, and the variants of them. The MLP has two rows, since the
+    paper does not say how its MLP saw the context: `mlp` sees the flattened causal prefix, `mlp_pos` (train.py
+    `--model mlp --per_position`, with its own capacity-matched widths, presets.py) only the current token and
+    its position."""
     return [m for m in MODEL_ORDER if VARIANTS.get(m, m) in presets.MODELS] + \
            [m for m in presets.MODELS if m not in MODEL_ORDER]
 
 
 def cell_argv(task, model, preset, out_dir, extra):
-    """The train.py command line of one cell."""
+    """The train.py command line of one cell. Model sizes come from presets.py's PRESETS (the quick preset's LSTM
+    and MLP are matched to within 1% of its transformer's parameters; in the paper preset the MLP is matched, the
+    LSTM is the authors' unmatched one). `tiny` runs the quick cells for a few steps at toy sizes, for tests."""
     base, opts = VARIANTS.get(model, model), {}
     if model in VARIANTS:  # e.g. mlp_pos: the mlp with its own options and widths
         opts = presets.PRESETS["quick" if preset == "tiny" else preset][task][model]
@@ -120,7 +115,10 @@ def visible_gpus(n_gpus):
 
 
 def run_cells(todo, jobs, n_gpus):
-    """Run (label, argv, log) cells, `jobs` at a time; yields (label, exit code, seconds) as they end."""
+    """Run (label, argv, log) cells, `jobs` at a time; yields (label, exit code, seconds) as they end. With one
+    job (the default without GPUs, or with one) the cells run one after another in this process; with several
+    (default: one per visible GPU) each runs as a subprocess that sees one GPU (CUDA_VISIBLE_DEVICES: one of those
+    this process was given, an inherited CUDA_VISIBLE_DEVICES respected)."""
     if jobs == 1:
         for label, argv, log in todo:
             print(f"{label[0]} x {label[1]}: running, log {log}", flush=True)
@@ -202,7 +200,10 @@ def figure(task, rows, path):
 
 
 def write_table(preset, tasks, models, out_root, results_dir, status):
-    """results_dir/table.md from every cell's results.json (and a figure per task); returns its path."""
+    """results_dir/table.md from every cell's results.json; returns its path. Per task, each model's entropy MAE
+    in both conventions, KL, accuracy, parameters and training time beside the paper's numbers, and a figure of
+    per-position model entropy against the oracle's for every model (entropy_<task>.png; needs matplotlib,
+    without it the table still comes out)."""
     lines = [f"# Wind tunnels: architecture comparison, preset `{preset}`", "",
              "Entropy MAE in bits: *mean-curve* averages model and oracle entropy over sequences at each position "
              "first (the paper's convention), *per token* is the mean of |H_model − H_oracle| over every scored "
