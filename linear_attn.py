@@ -185,7 +185,7 @@ class LinearAttentionConfig:
     feature_map: str = "elu+1"  # phi on queries and keys: elu+1 (Katharopoulos) | identity (the paper's proofs)
     norm_k: str = "auto"  # L2-normalise keys: auto (delta only, its stability needs |k| = 1) | l2 | none
     norm_v: str = "auto"  # L2-normalise values: auto (oja only, its bound and chunked form need |v| <= 1) | l2 | none
-    norm: str = "rmsnorm"  # Norm in the output Norm(S q) per head (paper Eq. 4) and in the pre-norms: rmsnorm | layernorm
+    norm: str = "rmsnorm"  # the output Norm(S q) per head (paper Eq. 4) and the pre-norms: rmsnorm | layernorm
     learn_beta: bool = False  # beta_t = sigmoid(w . x_t) per token and head; False: the fixed value --beta
     beta: float = 1.0  # fixed write strength (the paper's alpha = 1); delta and oja need (0, 1]
     decay: float = 1.0  # hebbian forgetting factor in (0, 1] (paper Def. 7); 1 = none
@@ -282,11 +282,13 @@ class LinearAttention(nn.Module):
             if getattr(c, name) not in valid:
                 raise ValueError(f"linear_attn: {name} must be one of {', '.join(valid)}; got {getattr(c, name)!r}")
         if min(c.n_layer, c.n_head, c.d_model, c.mlp_ratio, c.block_size) < 1 or c.chunk_size < 0:
-            raise ValueError("linear_attn: n_layer, n_head, d_model, mlp_ratio, block_size must be >= 1, chunk_size >= 0")
+            raise ValueError("linear_attn: n_layer, n_head, d_model, mlp_ratio, block_size must be >= 1, "
+                             "chunk_size >= 0")
         if c.d_model % c.n_head:
             raise ValueError(f"linear_attn: d_model={c.d_model} must split into n_head={c.n_head} heads")
         if not 0 < c.decay <= 1 or c.decay != 1 and c.rule != "hebbian":
-            raise ValueError(f"linear_attn: decay must be in (0, 1], for the hebbian rule only; got {c.decay}, {c.rule}")
+            raise ValueError(f"linear_attn: decay must be in (0, 1], for the hebbian rule only; "
+                             f"got {c.decay}, {c.rule}")
         if not c.learn_beta and c.rule != "hebbian" and not 0 < c.beta <= 1:
             raise ValueError(f"linear_attn: the {c.rule} rule needs beta in (0, 1] (beyond 1 it overshoots), "
                              f"got {c.beta}")

@@ -73,7 +73,8 @@ TRAIN = {  # name: (default, help); presets and flags override
     "eval_samples_during": (500, "held-out sequences in the evaluations during training"),
     "eval_seed": (424242, "seed of the held-out sequences, a different stream from the training batches"),
     "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
-    "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at log-spaced steps"),
+    "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation "
+                              "| log: also copies at log-spaced steps"),
     "stop_at": ("", "stop once a held-out evaluation reaches this, e.g. mae_curve<=0.01 or accuracy>=0.99"),
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
     "overwrite": (False, "replace the run in --out_dir (its ckpt.pt, snapshots, results.json and eval.json)"),
@@ -384,8 +385,8 @@ def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
     land within tol of. The count grows with the width: bisect."""
     target = cfg["train"]["match_params"]
     if target == -1:  # the transformer of this task and preset
-        target = count_params(TransformerConfig, Transformer,
-                              task_io | model_options(PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {})))
+        entry = PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {})
+        target = count_params(TransformerConfig, Transformer, task_io | model_options(entry))
     if target < 1:
         raise ValueError(f"--match_params must be a parameter count, 0 (off) or -1 (the transformer's), got {target}")
 

@@ -34,7 +34,8 @@ def toy(tmp_path_factory):
 
 def test_store_and_read_is_S_q_and_orthonormal_keys_have_no_crosstalk():
     g = torch.Generator().manual_seed(0)
-    K, V, Q = C.unit(3, 2, 5, 8, g=g), C.unit(3, 2, 5, 6, g=g), torch.randn(3, 2, 4, 8, generator=g, dtype=torch.float64)
+    K, V = C.unit(3, 2, 5, 8, g=g), C.unit(3, 2, 5, 6, g=g)
+    Q = torch.randn(3, 2, 4, 8, generator=g, dtype=torch.float64)
     S = torch.einsum("bhnv,bhnk->bhvk", V, K)  # sum_j v_j k_j^T
     for budget in (1 << 22, 1):  # one batch, and one sequence per batch
         torch.testing.assert_close(C.store_and_read(K, V, Q, budget), Q @ S.transpose(-1, -2), rtol=1e-12, atol=1e-12)
@@ -71,7 +72,8 @@ def test_one_layer_one_head_is_single_retrieval():
 def test_combination_rules_on_hand_built_read_outs():
     # 1 trial, 2 layers, 2 heads, 1 stored pair, d_v = 1, v = 0; noise = r^2 against delta = 0.5
     V = torch.zeros(2, 1, 1, dtype=torch.float64)
-    R = torch.tensor([[0.0, 1.0], [1.0, 1.0]], dtype=torch.float64).view(2, 2, 1, 1)  # layer 0: head 0 right; layer 1: both wrong
+    # layer 0: head 0 right; layer 1: both wrong
+    R = torch.tensor([[0.0, 1.0], [1.0, 1.0]], dtype=torch.float64).view(2, 2, 1, 1)
     e = C.chain_errors(R, V, 2, 0.5, [1, 2], [1, 2])
     assert e["best"][2] == {1: 0.0, 2: 1.0}  # layer 0 has a good head; layer 1 none
     assert e["sum"][2] == {1: 0.0, 2: 1.0}  # layer 0's average 0.5: noise 0.25 < 0.5
@@ -107,7 +109,8 @@ def test_all_writes_every_json_and_summary(toy):
     rows = r["depth_width"]["rows"]
     assert {(x["arch"], x["model"]) for x in rows} == {(a, m) for a in ("wide", "deep") for m in ("linear", "softmax")}
     assert {(x["L"], x["H"]) for x in rows} == {(1, 2), (2, 1)}
-    assert [(x["drift"], x["variant"]) for x in r["drift"]["runs"]][:3] == [("abrupt", v) for v in ("hebbian", "delta@1", "oja@0.5")]
+    assert [(x["drift"], x["variant"]) for x in r["drift"]["runs"]][:3] == [("abrupt", v)
+                                                                          for v in ("hebbian", "delta@1", "oja@0.5")]
     text = (toy / "summary.md").read_text()
     c = sphere[0]
     assert f"| sphere | 16 | {c['trials']} | {c['n_avg']} | 5.0 | {c['n_wc']} | 0.89 | {c['looseness']:.1f} |" in text
@@ -183,7 +186,8 @@ def test_a_diverged_cell_is_reported_in_its_table(tmp_path, monkeypatch):
     assert [(x["arch"], x["diverged"], x["accuracy"] is None) for x in r["rows"]] == [("wide", False, False),
                                                                                       ("deep", True, True)]
     text = "\n".join(C.report_depth_width(r))
-    assert "| diverged (diverged); (2, 1, " in text and f"| 2 | linear | {r['rows'][0]['accuracy']:.3f} | — | — |" in text
+    assert "| diverged (diverged); (2, 1, " in text
+    assert f"| 2 | linear | {r['rows'][0]['accuracy']:.3f} | — | — |" in text
 
 
 def test_a_full_disk_is_one_line_and_exit_code_1(tmp_path, monkeypatch, capsys):

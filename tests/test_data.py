@@ -286,7 +286,8 @@ def test_hop_is_deterministic_and_fresh():
 
 
 @pytest.mark.parametrize("opts, match", [
-    (dict(n_facts=10, depth=4), "n_facts=10 must be a multiple of depth=4"), (dict(hops=5), "hops=5 must be <= depth=4"),
+    (dict(n_facts=10, depth=4), "n_facts=10 must be a multiple of depth=4"),
+    (dict(hops=5), "hops=5 must be <= depth=4"),
     (dict(n_entities=19), "n_entities=19 must be >= n_facts \\+ n_facts/depth = 20"), (dict(n_queries=0), "n_queries"),
     (dict(hop=2), "valid options: n_facts, depth, hops, mixed_hops, n_queries, n_entities")])
 def test_hop_bad_options(opts, match):

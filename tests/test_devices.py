@@ -35,7 +35,8 @@ class FakeMPS(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in (torch.Tensor.to, torch.Tensor.cpu):
             t = args[0]
-            device, dtype = torch._C._nn._parse_to(*args[1:], **kwargs)[:2] if func is torch.Tensor.to else ("cpu", None)
+            device, dtype = (torch._C._nn._parse_to(*args[1:], **kwargs)[:2] if func is torch.Tensor.to
+                             else ("cpu", None))
             if device is not None:  # a move: a copy where it crosses between "devices", as a real move does
                 to_mps = torch.device(device).type == "mps"
                 out = t.to("cpu", dtype or t.dtype, copy=to_mps or id(t) in self.on)
@@ -129,7 +130,8 @@ def test_torchrun_with_more_processes_than_gpus_is_a_clear_error(tmp_path, monke
         monkeypatch.setenv(k, str(v))
     assert run_main(["--task", "bijection", "--device", "cuda", "--out_dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "started 2 processes on this machine but it has 1 GPU: use --nproc_per_node=1" in err
+    assert len(err.splitlines()) == 1
+    assert "started 2 processes on this machine but it has 1 GPU: use --nproc_per_node=1" in err
     assert not (tmp_path / "run").exists()  # nothing started
 
 
@@ -149,7 +151,8 @@ def test_bench_counts_the_flops_of_cudnns_lstm(layers, bidirectional):
                for w in (torch.empty(4 * H, I if layer == 0 else H * dirs, **m), torch.empty(4 * H, H, **m),
                          torch.empty(4 * H, **m), torch.empty(4 * H, **m))]
     h0 = torch.empty(layers * dirs, B, H, **m)
-    args = (torch.empty(T, B, I, **m), weights, 4, None, h0, h0, 2, H, 0, layers, False, 0.0, True, bidirectional, [], None)
+    args = (torch.empty(T, B, I, **m), weights, 4, None, h0, h0, 2, H, 0, layers, False, 0.0, True, bidirectional,
+            [], None)
     expect = 2 * T * B * sum(w.numel() for w in weights if w.dim() == 2)
     with torch.utils.flop_counter.FlopCounterMode(display=False, custom_mapping=bench.EXTRA_FLOPS) as counter:
         torch.ops.aten._cudnn_rnn(*args)

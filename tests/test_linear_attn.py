@@ -139,7 +139,8 @@ def test_bad_memory_inputs_raise(bad):
                 initial_state=x["initial_state"], chunk_size=None)
     swap = dict(q={"1d": x["q"][0, 0, 0]}, k={"short": x["k"][..., :3]}, v={"other_T": x["v"][:, :, :4],
                 "integer": x["v"].long(), "unnormalised": 3 * x["v"]},
-                beta={"shape": x["beta"][:, :1], "big": x["beta"] + 0.5}, initial_state={"shape": x["initial_state"].mT})
+                beta={"shape": x["beta"][:, :1], "big": x["beta"] + 0.5},
+                initial_state={"shape": x["initial_state"].mT})
     for key, val in bad.items():
         args[key] = swap[key][val] if isinstance(val, str) and key in swap else val
     with pytest.raises(ValueError, match="memory: "):

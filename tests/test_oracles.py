@@ -139,7 +139,8 @@ def follow_by_hand(seq, task, t):
     return e
 
 
-@pytest.mark.parametrize("opts", [dict(), dict(n_facts=12, depth=3, hops=3, mixed_hops=True, n_queries=6, n_entities=16),
+@pytest.mark.parametrize("opts", [dict(),
+                                  dict(n_facts=12, depth=3, hops=3, mixed_hops=True, n_queries=6, n_entities=16),
                                   dict(n_facts=5, depth=5, hops=5, n_entities=6)])
 def test_hop_oracle_follows_the_chain(opts):
     task = make_task("hop", **opts)

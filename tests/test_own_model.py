@@ -9,7 +9,8 @@ import reproduce
 import train
 from cli import exit_code
 
-GRU_PY = '''"""A GRU for the wind tunnels: token embeddings (or a linear read-in of real inputs), stacked GRU layers, a head."""
+GRU_PY = '''"""A GRU for the wind tunnels: token embeddings (or a linear read-in of real inputs), stacked GRU
+layers, a head."""
 from dataclasses import dataclass
 
 import torch.nn as nn
@@ -59,9 +60,9 @@ def add_gru(tmp_path, monkeypatch):
 def test_a_new_model_trains_evaluates_and_has_its_flags(tmp_path, monkeypatch, capsys):
     add_gru(tmp_path, monkeypatch)
     out = tmp_path / "run"
-    argv = ["--task", "bijection", "--model", "gru", "--V", "6", "--d_model", "16", "--n_layer", "1", "--max_iters", "4",
-            "--batch_size", "8", "--log_interval", "2", "--eval_interval", "2", "--eval_samples", "20",
-            "--eval_samples_during", "10", "--out_dir", str(out)]
+    argv = ["--task", "bijection", "--model", "gru", "--V", "6", "--d_model", "16", "--n_layer", "1",
+            "--max_iters", "4", "--batch_size", "8", "--log_interval", "2", "--eval_interval", "2",
+            "--eval_samples", "20", "--eval_samples_during", "10", "--out_dir", str(out)]
     assert exit_code(train.main, argv) == 0
     r = json.load(open(out / "results.json"))
     assert r["model"] == "gru" and r["iters"] == 4 and r["model_config"]["d_model"] == 16
@@ -78,7 +79,8 @@ def test_a_new_model_trains_evaluates_and_has_its_flags(tmp_path, monkeypatch, c
 def test_reproduce_sweeps_a_new_model_on_every_task(tmp_path, monkeypatch):
     add_gru(tmp_path, monkeypatch)
     out, res = tmp_path / "out", tmp_path / "results"
-    assert exit_code(reproduce.main, ["--preset", "tiny", "--models", "gru", "--out", str(out), "--results", str(res)]) == 0
+    argv = ["--preset", "tiny", "--models", "gru", "--out", str(out), "--results", str(res)]
+    assert exit_code(reproduce.main, argv) == 0
     table = (res / "table.md").read_text()
     for task in reproduce.TASK_ORDER:
         r = json.load(open(out / "tiny" / f"{task}_gru" / "results.json"))

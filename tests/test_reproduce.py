@@ -35,7 +35,8 @@ def test_tiny_matrix_table_then_skip_then_resume(tmp_path, capsys):
             assert r["iters"] == 4 and (out / "tiny" / f"{task}_{model}" / "train.log").exists()
             assert f"| {model} | {r['n_params']:,} | {r['metrics']['default']['mae_curve']:.4f} |" in table
     assert "| 0.007 |" in table and "| ≈0.409 |" in table  # the paper's numbers beside ours
-    acc = json.load(open(out / "tiny" / "recall_transformer" / "results.json"))["metrics"]["default"]["accuracy_by_slot"]
+    recall = json.load(open(out / "tiny" / "recall_transformer" / "results.json"))
+    acc = recall["metrics"]["default"]["accuracy_by_slot"]
     assert "Accuracy by the queried pair's place in the store" in table
     assert "| transformer | " + " | ".join(f"{a:.2f}" for a in acc) + " |" in table
     n = len(reproduce.TASK_ORDER) * len(models)

@@ -59,7 +59,8 @@ def test_data_parallel_needs_a_divisible_batch(tmp_path):
     assert p.returncode != 0 and "must be a multiple of the 2 data-parallel processes" in p.stderr
 
 
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="torch.compile needs a C compiler on CPU")
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="torch.compile needs a C compiler on CPU")
 def test_compiled_training_matches_eager(tmp_path):
     compiled, _, out = run([sys.executable, "train.py"], tmp_path / "c", "--compile")
     eager, _, _ = run([sys.executable, "train.py"], tmp_path / "e")
