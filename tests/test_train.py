@@ -390,3 +390,19 @@ def test_every_curriculum_stage_is_checked_before_training_and_a_presets_is_name
     assert run_main(["--task", "recall", "--preset", "cpu_paper_task", "--n_pairs", "4", "--n_queries", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--curriculum is the cpu_paper_task preset's" in err, err
+
+
+
+@pytest.mark.parametrize("S, O", [(5, 5), (8, 8), (3, 3)])
+def test_the_hmm_presets_give_every_header_token_its_own_row_at_any_size(S, O):
+    """n_pos follows --n_states and --n_obs: header_len own rows, then a shared one (54 at the quick cells'
+    5 x 5); the window keeps exactly the header and the last 16 positions in view of the last query."""
+    from transformer import attn_bias
+    for model in ("transformer", "mamba"):
+        cfg = presets.build_config("hmm", model, "quick", dict(n_states=S, n_obs=O, n_layer=1, d_model=16))
+        task, _, net, _, mc = train.build(cfg, torch.device("cpu"))
+        assert task.header_len == 3 + S * S + S * O and mc["n_pos"] == task.header_len + 1
+        assert net.wpe.num_embeddings == task.header_len + 1 and ((S, O) != (5, 5) or mc["n_pos"] == 54)
+        if model == "transformer":
+            seen = attn_bias(net.config, task.seq_len, "cpu")[0, -1].isfinite()
+            assert seen.sum() == task.header_len + 16 and seen[:task.header_len].all()
