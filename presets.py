@@ -342,11 +342,6 @@ def resume_config(state, known, given, out_dir):
     cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
     cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # its own
     cfg["train"]["curriculum_iters"] = cfg["train"]["curriculum_iters"] or cfg["train"]["max_iters"] // 2
-    mc = state["model_config"]
-    if "block_size" in mc and mc.get("pos", "learned") == "learned":  # the trained position table fixes it
-        cfg["model_opts"]["block_size"] = mc["block_size"]
-    else:  # no position table: any length
-        cfg["model_opts"].pop("block_size", None)
     for k, v in given.items():
         if k in ("resume", "eval_only"):
             continue
@@ -386,14 +381,29 @@ def check_device(name):
 # capacity matching
 
 
+def fit_block_size(Config, Model, mc, longest):
+    """mc, its block_size raised to `longest` where the parameters do not depend on it (no position table, or
+    shared rows from n_pos on: any length); a ValueError where the sequences exceed a table that fixes it."""
+    if mc.get("block_size", longest) >= longest:
+        return mc
+    shapes = lambda mc: [p.shape for p in meta_model(Config, Model, mc).state_dict().values()]
+    if shapes(mc) == shapes(mc | {"block_size": longest}):
+        return mc | {"block_size": longest}
+    raise ValueError(f"sequences of length {longest} exceed the model's context block_size={mc['block_size']}")
+
+
+def meta_model(Config, Model, mc):
+    with torch.device("meta"):  # shapes only: no memory, no init work
+        return Model(Config(**mc))
+
+
 def model_options(entry):
     """A model's preset entry without its own training settings (`train`)."""
     return {k: v for k, v in entry.items() if k != "train"}
 
 
 def count_params(Config, Model, mc):
-    with torch.device("meta"):  # shapes only: no memory, no init work
-        return Model(Config(**mc)).num_params()
+    return meta_model(Config, Model, mc).num_params()
 
 
 def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
