@@ -35,6 +35,7 @@ from einops import rearrange
 from oracles import LOG2, Metrics, entropy_bits, gaussian_kl_bits, oracle
 from tasks import make_task
 from presets import MODELS, Parser
+from transformer import attn_bias
 from runtime import cli, load_checkpoint, pyplot, write_file, write_json
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
@@ -358,9 +359,11 @@ def keys(model, task, batch, state, args):
 def qk(model, task, batch, state, args):
     """Progressive query-key alignment (Fig. 15): per layer, cos(q_t, k_j) averaged over heads, for scored t
     and prior positions j < t (heatmap: one sequence); its mean and `spread` (std over j, mean over rows);
-    the attention entropy in bits over the full row (mean over heads, rows, sequences) beside log2(#visible);
-    the attention mass on the hypothesis tokens."""
+    the attention entropy in bits over the full row (mean over heads, rows, sequences) beside log2 of the keys
+    in view (t + 1, fewer under a --window); the attention mass on the hypothesis tokens."""
     q_pos = batch.mask[0].nonzero().squeeze(1)  # scored positions, the same in every sequence
+    bias = attn_bias(model.config, batch.x.shape[1], batch.x.device)  # None: plain causal, t + 1 keys in view
+    in_view = q_pos + 1 if bias is None else bias[0, q_pos].isfinite().sum(-1)  # the mask is the same in every head
     prior = torch.arange(batch.x.shape[1])[None, :] < q_pos[:, None]  # (Q, T): j < t
     hyp = torch.isin(batch.x, hypothesis_tokens(task)).double()  # (B, T)
     _, inside = model(batch.x, return_internals=True)
@@ -373,7 +376,7 @@ def qk(model, task, batch, state, args):
                            att_entropy_bits=entropy_bits(att).mean().item(),
                            att_mass_hypothesis=(att * hyp[:, None, None, :]).sum(-1).mean().item()))
         heat.append(cos[0].masked_fill(~prior, float("nan")))
-    r = dict(uniform_entropy_bits=torch.log2(q_pos.double() + 1).mean().item(), layers=layers)
+    r = dict(uniform_entropy_bits=torch.log2(in_view.double()).mean().item(), layers=layers)
 
     def draw(plt):
         n = len(heat)

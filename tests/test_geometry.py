@@ -185,6 +185,25 @@ def test_the_stream_before_the_final_norm(model):
         assert torch.equal(after, inside["final"])
 
 
+@pytest.mark.parametrize("window", [0, 6])
+def test_qk_compares_attention_entropy_with_the_keys_in_view(window):
+    """Zero queries and keys, no ALiBi: each row attends uniformly to the keys in view, so the attention
+    entropy is the uniform reference exactly: log2(t + 1), or under a window the header and the last `window`."""
+    task = make_task("hmm", n_states=2, n_obs=2, K=12)  # header 11 tokens, 35 in all
+    io = dict(vocab_size=task.vocab_size, n_classes=task.n_classes, answer_offset=None)
+    model = tiny(**io, block_size=task.seq_len, n_pos=task.header_len + 1, window=window)
+    for block in model.blocks:
+        block.attn.c_attn.weight.data[:2 * 16] = 0  # q and k
+        block.attn.c_attn.bias.data[:2 * 16] = 0
+    batch = task.sample(3, torch.Generator().manual_seed(0))
+    r, _ = geometry.qk(model, task, batch, None, None)
+    t = batch.mask[0].nonzero().squeeze(1).double()  # the scored rows
+    n = t + 1 if not window else task.header_len + torch.clamp(t + 1 - task.header_len, max=window)
+    assert r["uniform_entropy_bits"] == pytest.approx(n.log2().mean().item(), abs=1e-12)
+    assert not window or n[-1] == task.header_len + window < t[-1] + 1  # the window hides keys from the later rows
+    assert all(l["att_entropy_bits"] == pytest.approx(r["uniform_entropy_bits"], abs=1e-9) for l in r["layers"])
+
+
 def test_adjusted_rand_index():
     a = torch.tensor([0, 0, 1, 1, 2, 2, 2])
     assert geometry.adjusted_rand_index(a, a) == pytest.approx(1)
