@@ -20,7 +20,8 @@ the answer tokens where answers are tokens (bijection: the V value tokens, the h
 the authors' jlens code; with --layout query the keys share them); hmm has no state tokens: its O observation symbols.
 keys, qk, dynamics need softmax attention (transformer); values bijection or hmm; clusters hmm; belief a
 task with a posterior vector (bijection, hmm, regression); ablate runs on every model. A diagnostic that
-does not apply, or a missing checkpoint: a one-line error (exit 2).
+does not apply, or a missing checkpoint: a one-line error (exit 2); weights that are not finite, or a full disk
+(the files written before kept whole): one line, exit 1.
 """
 from functools import partial
 import glob
@@ -804,7 +805,13 @@ def main(argv=None):
     try:
         if args.n_seq < 2 or args.max_points < 2 or args.n_perm < 1:
             raise ValueError("--n_seq and --max_points must be >= 2, --n_perm >= 1")
+        if not 0 <= args.settle <= 1:  # NaN too
+            raise ValueError(f"--settle must be in [0, 1] (an attention similarity 1 - JS, in bits), got {args.settle}")
         model, task, state = load(args.ckpt)
+        if not all(torch.isfinite(p).all() for p in model.parameters()):  # a diverged run's: every number NaN
+            print(f"geometry.py: error: the parameters in {ckpt_path(args.ckpt)} are not finite (step "
+                  f"{state['iter']}): nothing to analyse", file=sys.stderr)
+            return 1
         cfg, path = state["config"], ckpt_path(args.ckpt)
         if args.K is not None:
             if cfg["task"] != "hmm":
@@ -837,6 +844,10 @@ def main(argv=None):
             print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))
     except ValueError as e:
         p.exit(2, f"geometry.py: error: {e}\n")
+    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (write_file)
+        print(f"geometry.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; the files written "
+              f"before are kept", file=sys.stderr)
+        return 1
     return 0
 
 

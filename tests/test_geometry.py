@@ -395,6 +395,8 @@ def test_without_matplotlib_the_json_still_comes_out(runs, monkeypatch, capsys):
     (["value", "--ckpt", "{bij}"], "invalid choice"),
     (["values", "--ckpt", "{bij}", "--K", "3"], "--K applies to hmm checkpoints only"),
     (["clusters", "--ckpt", "{hmm}", "--n_perm", "0"], "--n_perm >= 1"),
+    (["dynamics", "--ckpt", "{bij}", "--settle", "5"], "--settle must be in [0, 1] (an attention similarity"),
+    (["dynamics", "--ckpt", "{bij}", "--settle", "nan"], "--settle must be in [0, 1]"),
 ])
 def test_bad_input_is_a_one_line_error(runs, capsys, argv, message):
     assert geometry_main([a.format(**runs) for a in argv]) == 2
@@ -424,3 +426,29 @@ def test_unreadable_checkpoint_from_the_shell(tmp_path, content):
                        capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert "not a readable train.py checkpoint (truncated or corrupt?)" in p.stderr
+
+
+def test_not_finite_weights_are_one_line_and_exit_1(runs, tmp_path, capsys):
+    state = torch.load(os.path.join(runs["hmm"], "ckpt.pt"), weights_only=True)
+    state["model"]["wte.weight"][0, 0] = float("nan")  # a diverged run's
+    torch.save(state, tmp_path / "ckpt.pt")
+    assert geometry_main(["belief", "--ckpt", str(tmp_path), "--n_seq", "8", "--no_plot"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "are not finite (step 6): nothing to analyse" in err, err
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_files_written_before(runs, monkeypatch, capsys):
+    assert geometry_main(["ablate", "--ckpt", runs["lstm"], "--n_seq", "8", "--no_plot"]) == 0
+    path = os.path.join(runs["lstm"], "geometry_ablate.json")
+    before, files = open(path).read(), sorted(os.listdir(runs["lstm"]))
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runtime.os, "replace", full)  # write_file's rename: the new file never lands
+    capsys.readouterr()
+    assert geometry_main(["ablate", "--ckpt", runs["lstm"], "--n_seq", "8", "--no_plot"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: No space left on device; the files written before are kept" in err
+    assert open(path).read() == before and sorted(os.listdir(runs["lstm"])) == files
