@@ -315,6 +315,16 @@ def parse_args(argv):
 
 def main(argv=None):
     args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return sweep(args, extra)
+    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (runtime.write_file)
+        print(f"reproduce.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; finished cells and the "
+              f"files written before are kept", file=sys.stderr)
+        return 1
+
+
+def sweep(args, extra):
+    """The cells still to run, then the table."""
     out_root = os.path.join(args.out, args.preset)
     cells = [(t, m) for t in args.tasks for m in args.models]
     n_gpus = torch.cuda.device_count() if args.preset != "tiny" else 0

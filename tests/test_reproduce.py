@@ -207,3 +207,20 @@ def test_a_cell_another_run_holds_is_not_run_and_its_log_left_alone(tmp_path, ca
     assert (held / "train.log").read_text() == "the other run's log\n"
     assert sorted(os.listdir(held)) == [".lock", "train.log"]
     assert sorted(os.listdir(out / "bijection_lstm")) == ["ckpt.pt", "results.json", "train.log"]  # lock released
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_table_written_before(tmp_path, monkeypatch, capsys):
+    argv = ["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path / "o"),
+            "--results", str(tmp_path / "r"), "--table_only"]
+    assert run(argv) == 0
+    table = (tmp_path / "r" / "table.md").read_text()
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)  # runtime.write_file's rename: the new table never lands
+    capsys.readouterr()
+    assert run(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'r' / 'table.md'}: No space left on device" in err, err
+    assert (tmp_path / "r" / "table.md").read_text() == table and os.listdir(tmp_path / "r") == ["table.md"]
