@@ -81,6 +81,7 @@ TRAIN = {  # name: (default, help); presets and flags override
 }
 CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer": ("adamw", "muon"),
            "ckpt_schedule": ("last", "eval", "log"), "data_device": ("auto", "cpu", "device")}
+RESUME_STATE = ("optimizer", "gen_state", "torch_rng", "elapsed", "history")  # what a checkpoint gives a resumed run
 HEADER_ROWS = "header + 1"  # a preset's n_pos: a row per header token, then one shared (with_header_rows)
 RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
              "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
@@ -334,6 +335,10 @@ def with_header_rows(task, task_opts, model_opts):
 
 def resume_config(state, known, given, out_dir):
     """--resume / --eval_only: the checkpoint's config, with only the RESUMABLE settings changed by flags."""
+    missing = [k for k in RESUME_STATE if k not in state]
+    if missing:
+        raise ValueError(f"{os.path.join(out_dir, 'ckpt.pt')} has no {' or '.join(missing)}: train.py cannot "
+                         f"{'resume' if given.get('resume') else 'evaluate'} it (a checkpoint it did not write?)")
     cfg = state["config"]
     for k, v in known.explicit.items():
         if cfg.get(k) != v:

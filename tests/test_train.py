@@ -430,3 +430,16 @@ def test_the_hmm_presets_give_every_header_token_its_own_row_at_any_size(S, O):
         if model == "transformer":
             seen = attn_bias(net.config, task.seq_len, "cpu")[0, -1].isfinite()
             assert seen.sum() == task.header_len + 16 and seen[:task.header_len].all()
+
+
+@pytest.mark.parametrize("key", ["optimizer", "gen_state"])
+def test_a_checkpoint_without_its_training_state_is_a_one_line_error(tmp_path, capsys, key):
+    assert run_main(TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]) == 0
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del state[key]
+    torch.save(state, tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    assert run_main(["--task", "bijection", "--resume", "--max_iters", "4", "--out_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"ckpt.pt has no {key}: train.py cannot resume it" in err, err
+    assert json.load(open(tmp_path / "results.json"))["iters"] == 2
