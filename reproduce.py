@@ -131,12 +131,12 @@ def claim(label, log):
 
 def run_cells(todo, jobs, n_gpus):
     """Run (label, argv, log) cells, `jobs` at a time; yields (label, exit code, seconds) as they end (exit code
-    2 at once for a cell whose folder another run holds)."""
+    None at once for a cell whose folder another run holds)."""
     if jobs == 1:
         for label, argv, log in todo:
             lock = claim(label, log)
             if lock is None:
-                yield label, 2, 0.0
+                yield label, None, 0.0
                 continue
             print(f"{label[0]} x {label[1]}: running, log {log}", flush=True)
             note_command(log, argv)
@@ -156,7 +156,7 @@ def run_cells(todo, jobs, n_gpus):
                     label, argv, log = queue.pop(0)
                     locks[slot] = claim(label, log)
                     if locks[slot] is None:
-                        yield label, 2, 0.0
+                        yield label, None, 0.0
                         continue
                     env, where = dict(os.environ), ""
                     if n_gpus:
@@ -360,6 +360,9 @@ def sweep(args, extra):
                 status[(task, model)] = "finished"
                 m = r["metrics"]["default"]
                 print(f"[{i}/{len(todo)}] {task} x {model}: done in {runtime.fmt_time(secs)} | {train.summary(m)}")
+            elif rc is None:  # its folder is another run's (said when it was to start)
+                status[(task, model)] = "failed: its folder is in use by another run"
+                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED: its folder is in use by another run")
             else:
                 status[(task, model)] = f"failed (exit {rc}), see train.log"
                 log = os.path.join(out_dir, "train.log")

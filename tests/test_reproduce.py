@@ -204,6 +204,7 @@ def test_a_cell_another_run_holds_is_not_run_and_its_log_left_alone(tmp_path, ca
         owner.wait()
     said = capsys.readouterr().out
     assert f"bijection x mlp: not run: {held} is in use by another run (pid {owner.pid}" in said
+    assert "bijection x mlp: FAILED: its folder is in use by another run" in said and "see" not in said
     assert (held / "train.log").read_text() == "the other run's log\n"
     assert sorted(os.listdir(held)) == [".lock", "train.log"]
     assert sorted(os.listdir(out / "bijection_lstm")) == ["ckpt.pt", "results.json", "train.log"]  # lock released
