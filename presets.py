@@ -268,6 +268,7 @@ def parse_args(argv, doc=""):
     train, task_opts, model_opts = layered(known.task, known.model, known.preset)
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{known.task}_{known.model}")
     task_opts, longest = task_values(known.task, task_opts, train["eval_K"])
+    model_opts = with_header_rows(known.task, task_opts, model_opts)
     if longest and "block_size" not in model_opts:  # train.py's build() gives it the longest sequence
         model_opts["block_size"] = longest
     g = p.add_argument_group("training")
