@@ -20,7 +20,8 @@ the answer tokens where answers are tokens (bijection: the V value tokens, the h
 the authors' jlens code; with --layout query the keys share them); hmm has no state tokens: its O observation symbols.
 keys, qk, dynamics need softmax attention (transformer); values bijection or hmm; clusters hmm; belief a
 task with a posterior vector (bijection, hmm, regression); ablate runs on every model. A diagnostic that
-does not apply, or a missing checkpoint: a one-line error (exit 2).
+does not apply, or a missing checkpoint: a one-line error (exit 2); weights that are not finite, or a full disk
+(the files written before kept whole): one line, exit 1.
 """
 from functools import partial
 import glob
@@ -35,6 +36,7 @@ from einops import rearrange
 from oracles import LOG2, Metrics, entropy_bits, gaussian_kl_bits, oracle
 from tasks import make_task
 from presets import MODELS, Parser
+from transformer import attn_bias
 from runtime import cli, load_checkpoint, pyplot, write_file, write_json
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
@@ -358,9 +360,11 @@ def keys(model, task, batch, state, args):
 def qk(model, task, batch, state, args):
     """Progressive query-key alignment (Fig. 15): per layer, cos(q_t, k_j) averaged over heads, for scored t
     and prior positions j < t (heatmap: one sequence); its mean and `spread` (std over j, mean over rows);
-    the attention entropy in bits over the full row (mean over heads, rows, sequences) beside log2(#visible);
-    the attention mass on the hypothesis tokens."""
+    the attention entropy in bits over the full row (mean over heads, rows, sequences) beside log2 of the keys
+    in view (t + 1, fewer under a --window); the attention mass on the hypothesis tokens."""
     q_pos = batch.mask[0].nonzero().squeeze(1)  # scored positions, the same in every sequence
+    bias = attn_bias(model.config, batch.x.shape[1], batch.x.device)  # None: plain causal, t + 1 keys in view
+    in_view = q_pos + 1 if bias is None else bias[0, q_pos].isfinite().sum(-1)  # the mask is the same in every head
     prior = torch.arange(batch.x.shape[1])[None, :] < q_pos[:, None]  # (Q, T): j < t
     hyp = torch.isin(batch.x, hypothesis_tokens(task)).double()  # (B, T)
     _, inside = model(batch.x, return_internals=True)
@@ -373,7 +377,7 @@ def qk(model, task, batch, state, args):
                            att_entropy_bits=entropy_bits(att).mean().item(),
                            att_mass_hypothesis=(att * hyp[:, None, None, :]).sum(-1).mean().item()))
         heat.append(cos[0].masked_fill(~prior, float("nan")))
-    r = dict(uniform_entropy_bits=torch.log2(q_pos.double() + 1).mean().item(), layers=layers)
+    r = dict(uniform_entropy_bits=torch.log2(in_view.double()).mean().item(), layers=layers)
 
     def draw(plt):
         n = len(heat)
@@ -801,7 +805,13 @@ def main(argv=None):
     try:
         if args.n_seq < 2 or args.max_points < 2 or args.n_perm < 1:
             raise ValueError("--n_seq and --max_points must be >= 2, --n_perm >= 1")
+        if not 0 <= args.settle <= 1:  # NaN too
+            raise ValueError(f"--settle must be in [0, 1] (an attention similarity 1 - JS, in bits), got {args.settle}")
         model, task, state = load(args.ckpt)
+        if not all(torch.isfinite(p).all() for p in model.parameters()):  # a diverged run's: every number NaN
+            print(f"geometry.py: error: the parameters in {ckpt_path(args.ckpt)} are not finite (step "
+                  f"{state['iter']}): nothing to analyse", file=sys.stderr)
+            return 1
         cfg, path = state["config"], ckpt_path(args.ckpt)
         if args.K is not None:
             if cfg["task"] != "hmm":
@@ -834,6 +844,10 @@ def main(argv=None):
             print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))
     except ValueError as e:
         p.exit(2, f"geometry.py: error: {e}\n")
+    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (write_file)
+        print(f"geometry.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; the files written "
+              f"before are kept", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -82,6 +82,8 @@ TRAIN = {  # name: (default, help); presets and flags override
 }
 CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer": ("adamw", "muon"),
            "ckpt_schedule": ("last", "eval", "log"), "data_device": ("auto", "cpu", "device")}
+RESUME_STATE = ("optimizer", "gen_state", "torch_rng", "elapsed", "history")  # what a checkpoint gives a resumed run
+HEADER_ROWS = "header + 1"  # a preset's n_pos: a row per header token, then one shared (with_header_rows)
 RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
              "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
 
@@ -93,17 +95,18 @@ PRESETS = {
                           transformer=dict(n_layer=3, n_head=4, d_model=128, train=dict(optimizer="muon")),
                           mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=192),
                           mlp=dict(n_layer=6, d_model=197), mlp_pos=dict(n_layer=6, d_model=220, per_position=True)),
-        # hmm transformer: Muon leaves the uninformed plateau within ~300 steps; learned rows for the 53 header
-        # tokens (which cell of T or E each one is) and one shared row for every observation position, with
+        # hmm transformer: Muon leaves the uninformed plateau within ~300 steps; learned rows for the header
+        # tokens (which cell of T or E each one is: 53 of them at 5 x 5, HEADER_ROWS follows --n_states and
+        # --n_obs) and one shared row for every observation position, with
         # ALiBi giving the order of the observations, so K = 30 and 50 meet no untrained position; a window of
         # 16 tokens (8 observations, past which the filter has forgotten) besides the header, so that the
         # header's share of attention does not dilute as K grows past the trained 20.
         # hmm Mamba: the same header rows, and the authors' LayerNorm on y; with both it tracks the filter to
         # 0.015 bits per token, with neither 0.125 (results/mamba.md)
         "hmm": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_K=[30, 50]),
-                    transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=54, window=16,
+                    transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=HEADER_ROWS, window=16,
                                      train=dict(optimizer="muon")),
-                    mamba=dict(n_layer=3, d_model=64, pos="learned", n_pos=54, y_norm=True),
+                    mamba=dict(n_layer=3, d_model=64, pos="learned", n_pos=HEADER_ROWS, y_norm=True),
                     lstm=dict(n_layer=2, d_model=166, pos="none"),
                     mlp=dict(n_layer=6, d_model=113), mlp_pos=dict(n_layer=6, d_model=185, per_position=True)),
         # regression: the inputs vary in 2 of the 8 dimensions at first, all 8 from step 1,000 (Garg et al. grow
@@ -266,6 +269,7 @@ def parse_args(argv, doc=""):
     train, task_opts, model_opts = layered(known.task, known.model, known.preset)
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{known.task}_{known.model}")
     task_opts, longest = task_values(known.task, task_opts, train["eval_K"])
+    model_opts = with_header_rows(known.task, task_opts, model_opts)
     if longest and "block_size" not in model_opts:  # train.py's build() gives it the longest sequence
         model_opts["block_size"] = longest
     g = p.add_argument_group("training")
@@ -310,14 +314,33 @@ def build_config(task, model, preset, given):
     model_names = {f.name for f in fields(MODELS[model][0])}
     for k, v in given.items():
         (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
+    model_opts = with_header_rows(task, task_opts, model_opts)
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
 
 
+def with_header_rows(task, task_opts, model_opts):
+    """model_opts with a preset's n_pos=HEADER_ROWS made the task's header length + 1: a learned row for each
+    header token, one shared by every later position (0, a row per position, for a task without a header), so
+    that the rows and the window's header follow --n_states and --n_obs. Left as it is where the task refuses
+    its options: building the task then says why."""
+    if model_opts.get("n_pos") != HEADER_ROWS:
+        return model_opts
+    try:
+        header = getattr(make_task(task, **task_opts), "header_len", -1)
+    except (ValueError, TypeError):
+        return model_opts
+    return model_opts | {"n_pos": header + 1}
+
+
 def resume_config(state, known, given, out_dir):
     """--resume / --eval_only: the checkpoint's config, with only the RESUMABLE settings changed by flags."""
+    missing = [k for k in RESUME_STATE if k not in state]
+    if missing:
+        raise ValueError(f"{os.path.join(out_dir, 'ckpt.pt')} has no {' or '.join(missing)}: train.py cannot "
+                         f"{'resume' if given.get('resume') else 'evaluate'} it (a checkpoint it did not write?)")
     cfg = state["config"]
     for k, v in known.explicit.items():
         if cfg.get(k) != v:
@@ -326,11 +349,6 @@ def resume_config(state, known, given, out_dir):
     cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
     cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # its own
     cfg["train"]["curriculum_iters"] = cfg["train"]["curriculum_iters"] or cfg["train"]["max_iters"] // 2
-    mc = state["model_config"]
-    if "block_size" in mc and mc.get("pos", "learned") == "learned":  # the trained position table fixes it
-        cfg["model_opts"]["block_size"] = mc["block_size"]
-    else:  # no position table: any length
-        cfg["model_opts"].pop("block_size", None)
     for k, v in given.items():
         if k in ("resume", "eval_only"):
             continue
@@ -370,14 +388,29 @@ def check_device(name):
 # capacity matching
 
 
+def fit_block_size(Config, Model, mc, longest):
+    """mc, its block_size raised to `longest` where the parameters do not depend on it (no position table, or
+    shared rows from n_pos on: any length); a ValueError where the sequences exceed a table that fixes it."""
+    if mc.get("block_size", longest) >= longest:
+        return mc
+    shapes = lambda mc: [p.shape for p in meta_model(Config, Model, mc).state_dict().values()]
+    if shapes(mc) == shapes(mc | {"block_size": longest}):
+        return mc | {"block_size": longest}
+    raise ValueError(f"sequences of length {longest} exceed the model's context block_size={mc['block_size']}")
+
+
+def meta_model(Config, Model, mc):
+    with torch.device("meta"):  # shapes only: no memory, no init work
+        return Model(Config(**mc))
+
+
 def model_options(entry):
     """A model's preset entry without its own training settings (`train`)."""
     return {k: v for k, v in entry.items() if k != "train"}
 
 
 def count_params(Config, Model, mc):
-    with torch.device("meta"):  # shapes only: no memory, no init work
-        return Model(Config(**mc)).num_params()
+    return meta_model(Config, Model, mc).num_params()
 
 
 def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
@@ -385,8 +418,9 @@ def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
     land within tol of. The count grows with the width: bisect."""
     target = cfg["train"]["match_params"]
     if target == -1:  # the transformer of this task and preset
-        entry = PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {})
-        target = count_params(TransformerConfig, Transformer, task_io | model_options(entry))
+        opts = model_options(PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {}))
+        target = count_params(TransformerConfig, Transformer,
+                              task_io | with_header_rows(cfg["task"], cfg["task_opts"], opts))
     if target < 1:
         raise ValueError(f"--match_params must be a parameter count, 0 (off) or -1 (the transformer's), got {target}")
 

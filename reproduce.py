@@ -114,24 +114,48 @@ def visible_gpus(n_gpus):
     return inherited[:n_gpus] if len(inherited) >= n_gpus else [str(i) for i in range(n_gpus)]
 
 
+def claim(label, log):
+    """The lock of the cell's folder, taken before its log is written to (train.py, started by this process, takes
+    it over), or None, said in one line, where another run holds the folder: that run's log is left alone."""
+    try:
+        return runtime.lock_out_dir(os.path.dirname(log))
+    except ValueError as e:
+        print(f"{label[0]} x {label[1]}: not run: {e}", flush=True)
+        return None
+
+
 def run_cells(todo, jobs, n_gpus):
-    """Run (label, argv, log) cells, `jobs` at a time; yields (label, exit code, seconds) as they end. With one
-    job (the default without GPUs, or with one) the cells run one after another in this process; with several
-    (default: one per visible GPU) each runs as a subprocess that sees one GPU (CUDA_VISIBLE_DEVICES: one of those
-    this process was given, an inherited CUDA_VISIBLE_DEVICES respected)."""
+    """Run (label, argv, log) cells, `jobs` at a time; yields (label, exit code, seconds) as they end (exit code
+    None at once for a cell whose folder another run holds). With one job (the default without GPUs, or with one)
+    the cells run one after another in this process; with several (default: one per visible GPU) each runs as a
+    subprocess that sees one GPU (CUDA_VISIBLE_DEVICES: one of those this process was given, an inherited
+    CUDA_VISIBLE_DEVICES respected)."""
     if jobs == 1:
         for label, argv, log in todo:
+            lock = claim(label, log)
+            if lock is None:
+                yield label, None, 0.0
+                continue
             print(f"{label[0]} x {label[1]}: running, log {log}", flush=True)
             note_command(log, argv)
             t0 = time.time()
-            yield label, run_in_process(argv, log), time.time() - t0
+            try:
+                rc = run_in_process(argv, log)
+            finally:
+                runtime.unlock_out_dir(lock)  # train.py's by now, and released: nothing left to do
+            yield label, rc, time.time() - t0
         return
     queue, running, gpus = list(todo), {}, visible_gpus(n_gpus)  # slot -> (label, process, log file, start)
+    locks = {}  # slot -> the lock taken for its cell
     try:
         while queue or running:
             for slot in range(jobs):
                 if slot not in running and queue:
                     label, argv, log = queue.pop(0)
+                    locks[slot] = claim(label, log)
+                    if locks[slot] is None:
+                        yield label, None, 0.0
+                        continue
                     env, where = dict(os.environ), ""
                     if n_gpus:
                         env["CUDA_VISIBLE_DEVICES"] = gpus[slot % n_gpus]
@@ -147,9 +171,13 @@ def run_cells(todo, jobs, n_gpus):
                 if p.poll() is not None:
                     f.close()
                     del running[slot]
+                    runtime.unlock_out_dir(locks.pop(slot))  # still this process's if train.py never took it
                     yield label, p.returncode, time.time() - t0
     finally:  # interrupted (or the caller stopped): the cells still training stop too, and are waited for
         stop(running.values())
+        for lock in locks.values():
+            if lock:
+                runtime.unlock_out_dir(lock)
 
 
 def stop(running, grace=60):
@@ -288,6 +316,16 @@ def parse_args(argv):
 
 def main(argv=None):
     args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return sweep(args, extra)
+    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (runtime.write_file)
+        print(f"reproduce.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; finished cells and the "
+              f"files written before are kept", file=sys.stderr)
+        return 1
+
+
+def sweep(args, extra):
+    """The cells still to run, then the table."""
     out_root = os.path.join(args.out, args.preset)
     cells = [(t, m) for t in args.tasks for m in args.models]
     n_gpus = torch.cuda.device_count() if args.preset != "tiny" else 0
@@ -323,6 +361,9 @@ def main(argv=None):
                 status[(task, model)] = "finished"
                 m = r["metrics"]["default"]
                 print(f"[{i}/{len(todo)}] {task} x {model}: done in {runtime.fmt_time(secs)} | {train.summary(m)}")
+            elif rc is None:  # its folder is another run's (said when it was to start)
+                status[(task, model)] = "failed: its folder is in use by another run"
+                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED: its folder is in use by another run")
             else:
                 status[(task, model)] = f"failed (exit {rc}), see train.log"
                 log = os.path.join(out_dir, "train.log")

@@ -34,6 +34,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 VERDICTS = ("go on", "reached", "diverged")  # after an evaluation: --stop_at reached, not finite
+# torch.save's errors on a full or failing disk: "failed writing file", "unexpected pos N vs M", "iostream error"
+DISK_FULL = r"writ|unexpected pos|iostream error"
+RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
 
 # -----------------------------------------------------------------------------
 # devices: CPU, CUDA (bf16 autocast, torch.compile), MPS, torchrun
@@ -110,6 +113,15 @@ def rank0s(verdict, world, device):
     t = torch.tensor([VERDICTS.index(verdict)], device=device)
     dist.broadcast(t, 0)
     return VERDICTS[int(t.item())]
+
+
+def rank0_agrees(ok, world, device):
+    """Rank 0's ok (e.g. it holds the run's folder), on every rank."""
+    if world == 1:
+        return ok
+    t = torch.tensor([int(ok)], device=device)
+    dist.broadcast(t, 0)
+    return bool(t.item())
 
 
 def global_mean(x, world):
@@ -252,7 +264,7 @@ def write_file(path, write):
     except BaseException as e:
         with suppress(OSError):
             os.remove(tmp)
-        if isinstance(e, RuntimeError) and "writ" in str(e):  # torch.save's writer on a full disk
+        if isinstance(e, RuntimeError) and re.search(DISK_FULL, str(e)):  # torch.save's writer on a full disk
             e = OSError(errno.EIO, str(e).splitlines()[0])
         if isinstance(e, OSError) and not e.filename:  # the one-line report names the file
             raise OSError(e.errno, e.strerror, path) from None
@@ -282,8 +294,14 @@ def check_out_dir(path, flag="--out_dir"):
 
 def run_files(out_dir):
     """What a run writes to its folder: another run there would mix with it."""
-    names = [os.path.join(out_dir, f) for f in ("ckpt.pt", "results.json", "eval.json")]
+    names = [os.path.join(out_dir, f) for f in RUN_FILES]
     return [p for p in names if os.path.exists(p)] + sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
+
+
+def run_tmp_files(out_dir):
+    """The temporary files a killed write of a run leaves (not another script's, e.g. geometry.py's)."""
+    names = [os.path.join(out_dir, f + ".tmp") for f in RUN_FILES]
+    return [p for p in names if os.path.exists(p)] + glob.glob(os.path.join(out_dir, "ckpt_*.pt.tmp"))
 
 
 def pid_alive(pid):
@@ -298,7 +316,9 @@ def pid_alive(pid):
 
 def lock_out_dir(out_dir):
     """Take <out_dir>/.lock, holding this process's pid, for the run's lifetime: a second run into the folder is
-    refused at once, naming the owner; a lock whose pid is gone (kill -9) is taken over. -> its path."""
+    refused at once, naming the owner; a lock whose pid is gone (kill -9) is taken over, and so is one that this
+    process or its parent holds (reproduce.py locks a cell before writing its log, then starts train.py). -> its
+    path."""
     path = os.path.join(out_dir, ".lock")
     for attempt in range(2):
         try:
@@ -309,6 +329,11 @@ def lock_out_dir(out_dir):
                     owner = int(f.read().strip() or 0)
             except (OSError, ValueError):
                 owner = 0
+            if owner in (os.getpid(), os.getppid()):  # handed over: now this process's, should the parent die
+                with open(f"{path}.{os.getpid()}", "w") as f:
+                    f.write(f"{os.getpid()}\n")
+                os.replace(f"{path}.{os.getpid()}", path)
+                return path
             if not owner or pid_alive(owner) or attempt:  # empty: its owner is writing its pid right now
                 raise ValueError(f"{out_dir} is in use by another run (pid {owner or 'unknown'}, lock {path}): "
                                  f"wait for it to end, or use another --out_dir") from None
@@ -353,21 +378,27 @@ def settle_aside(out_dir, keep_new):
 
 
 def prepare_out_dir(train, resumed, proc):
-    """Lock the run's folder (rank 0), then check that it may start there; --overwrite sets the old run aside."""
-    out_dir, master = train["out_dir"], proc.master
+    """Lock the run's folder (rank 0, whose answer every rank follows), then check that it may start there;
+    --overwrite sets the old run aside."""
+    out_dir, master, refused = train["out_dir"], proc.master, None
     check_out_dir(out_dir)
     if master:
         os.makedirs(out_dir, exist_ok=True)
-        proc.lock = lock_out_dir(out_dir)
-        if settle_aside(out_dir, keep_new=os.path.exists(os.path.join(out_dir, "ckpt.pt"))):
+        try:
+            proc.lock = lock_out_dir(out_dir)
+        except ValueError as e:
+            refused = e
+        if not refused and settle_aside(out_dir, keep_new=os.path.exists(os.path.join(out_dir, "ckpt.pt"))):
             print0(f"{out_dir}: put back the run that an --overwrite run killed before its first checkpoint "
                    f"had set aside")
+    if not rank0_agrees(refused is None, proc.world, proc.device):  # the other ranks stop too, not wait for it
+        raise refused or ValueError(f"rank 0 could not take {out_dir} (its line says why): rank {proc.rank} stops")
     if not resumed and not train["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
         raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
                          f"(and its snapshots), or another --out_dir")
     os.makedirs(out_dir, exist_ok=True)
-    if master:  # .tmp files are left by a killed write
-        for f in glob.glob(os.path.join(out_dir, "*.tmp")):
+    if master:  # left by a killed write
+        for f in run_tmp_files(out_dir):
             os.remove(f)
         if train["overwrite"] and not resumed and run_files(out_dir):
             set_aside(out_dir)

@@ -20,15 +20,17 @@ import time
 import torch
 
 from oracles import Metrics
-from presets import IO_FIELDS, MODELS, build_config, check_train, match_width, parse_args, resume_config
+from presets import (IO_FIELDS, MODELS, build_config, check_train, fit_block_size, match_width, parse_args,
+                     resume_config)
 from runtime import (CompiledOrEager, Optimizers, autocast, checkpoint, cli, code_version, data_parallel, data_source,
                      fmt_time, global_mean, guarded, load_checkpoint, prepare_out_dir, print0, rank0s, set_rng_state,
                      write_json)
 from tasks import make_task
 
 
-def build(cfg, device):
-    """Tasks (training + evaluation lengths), model and optimizer from a config."""
+def build(cfg, device, saved=None):
+    """Tasks (training + evaluation lengths), model and optimizer from a config; saved: a checkpoint's model
+    config, which the model is rebuilt from (its width is not matched again, its table not resized)."""
     train = cfg["train"]
     task = make_task(cfg["task"], **cfg["task_opts"])
     eval_tasks = {"default": task}
@@ -43,12 +45,10 @@ def build(cfg, device):
     # training sequences (every key queried) can be longer than the evaluation's: the context fits both
     train_tasks = [task.all_queries()] if train["train_all_queries"] else []
     longest = max(t.seq_len for t in [*eval_tasks.values(), *train_tasks])
-    mc = {"block_size": longest} | cfg["model_opts"] | io
-    if train["match_params"]:
+    mc = dict(saved) if saved else {"block_size": longest} | cfg["model_opts"] | io
+    if train["match_params"] and not saved:
         mc = match_width(cfg, Config, Model, mc, {"block_size": longest} | io)
-    config = Config(**mc)
-    if getattr(config, "block_size", longest) < longest:
-        raise ValueError(f"sequences of length {longest} exceed the model's context block_size={config.block_size}")
+    config = Config(**fit_block_size(Config, Model, mc, longest))
     model = Model(config).to(device)
     return task, eval_tasks, model, make_optimizer(model, train, device), asdict(config)
 
@@ -223,7 +223,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
     """The run on this process (proc: its device, rank and checkpoints); exit code 0, or 1 if it diverged."""
     train, T, device = cfg["train"], cfg["train"]["max_iters"], proc.device
     torch.manual_seed(train["seed"])
-    task, eval_tasks, model, opt, model_config = build(cfg, device)
+    task, eval_tasks, model, opt, model_config = build(cfg, device, resume_state and resume_state["model_config"])
     stop, (use_bf16, ctx) = parse_stop(train["stop_at"], task), autocast(train["dtype"], device)
     batches = Batches(task, train, device, proc.rank, proc.world)
     out_dir = prepare_out_dir(train, resume_state is not None, proc)

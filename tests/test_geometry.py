@@ -185,6 +185,25 @@ def test_the_stream_before_the_final_norm(model):
         assert torch.equal(after, inside["final"])
 
 
+@pytest.mark.parametrize("window", [0, 6])
+def test_qk_compares_attention_entropy_with_the_keys_in_view(window):
+    """Zero queries and keys, no ALiBi: each row attends uniformly to the keys in view, so the attention
+    entropy is the uniform reference exactly: log2(t + 1), or under a window the header and the last `window`."""
+    task = make_task("hmm", n_states=2, n_obs=2, K=12)  # header 11 tokens, 35 in all
+    io = dict(vocab_size=task.vocab_size, n_classes=task.n_classes, answer_offset=None)
+    model = tiny(**io, block_size=task.seq_len, n_pos=task.header_len + 1, window=window)
+    for block in model.blocks:
+        block.attn.c_attn.weight.data[:2 * 16] = 0  # q and k
+        block.attn.c_attn.bias.data[:2 * 16] = 0
+    batch = task.sample(3, torch.Generator().manual_seed(0))
+    r, _ = geometry.qk(model, task, batch, None, None)
+    t = batch.mask[0].nonzero().squeeze(1).double()  # the scored rows
+    n = t + 1 if not window else task.header_len + torch.clamp(t + 1 - task.header_len, max=window)
+    assert r["uniform_entropy_bits"] == pytest.approx(n.log2().mean().item(), abs=1e-12)
+    assert not window or n[-1] == task.header_len + window < t[-1] + 1  # the window hides keys from the later rows
+    assert all(l["att_entropy_bits"] == pytest.approx(r["uniform_entropy_bits"], abs=1e-9) for l in r["layers"])
+
+
 def test_adjusted_rand_index():
     a = torch.tensor([0, 0, 1, 1, 2, 2, 2])
     assert geometry.adjusted_rand_index(a, a) == pytest.approx(1)
@@ -376,6 +395,8 @@ def test_without_matplotlib_the_json_still_comes_out(runs, monkeypatch, capsys):
     (["value", "--ckpt", "{bij}"], "invalid choice"),
     (["values", "--ckpt", "{bij}", "--K", "3"], "--K applies to hmm checkpoints only"),
     (["clusters", "--ckpt", "{hmm}", "--n_perm", "0"], "--n_perm >= 1"),
+    (["dynamics", "--ckpt", "{bij}", "--settle", "5"], "--settle must be in [0, 1] (an attention similarity"),
+    (["dynamics", "--ckpt", "{bij}", "--settle", "nan"], "--settle must be in [0, 1]"),
 ])
 def test_bad_input_is_a_one_line_error(runs, capsys, argv, message):
     assert geometry_main([a.format(**runs) for a in argv]) == 2
@@ -405,3 +426,29 @@ def test_unreadable_checkpoint_from_the_shell(tmp_path, content):
                        capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
     assert "not a readable train.py checkpoint (truncated or corrupt?)" in p.stderr
+
+
+def test_not_finite_weights_are_one_line_and_exit_1(runs, tmp_path, capsys):
+    state = torch.load(os.path.join(runs["hmm"], "ckpt.pt"), weights_only=True)
+    state["model"]["wte.weight"][0, 0] = float("nan")  # a diverged run's
+    torch.save(state, tmp_path / "ckpt.pt")
+    assert geometry_main(["belief", "--ckpt", str(tmp_path), "--n_seq", "8", "--no_plot"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "are not finite (step 6): nothing to analyse" in err, err
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_files_written_before(runs, monkeypatch, capsys):
+    assert geometry_main(["ablate", "--ckpt", runs["lstm"], "--n_seq", "8", "--no_plot"]) == 0
+    path = os.path.join(runs["lstm"], "geometry_ablate.json")
+    before, files = open(path).read(), sorted(os.listdir(runs["lstm"]))
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runtime.os, "replace", full)  # write_file's rename: the new file never lands
+    capsys.readouterr()
+    assert geometry_main(["ablate", "--ckpt", runs["lstm"], "--n_seq", "8", "--no_plot"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: No space left on device; the files written before are kept" in err
+    assert open(path).read() == before and sorted(os.listdir(runs["lstm"])) == files

@@ -185,3 +185,44 @@ def test_ctrl_c_with_several_jobs_stops_the_running_cells_and_waits_for_them(tmp
     with pytest.raises(KeyboardInterrupt):
         list(reproduce.run_cells(todo, jobs=2, n_gpus=0))
     assert len(procs) == 2 and all(p.signals == [signal.SIGINT] and p.waited for p in procs)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_cell_another_run_holds_is_not_run_and_its_log_left_alone(tmp_path, capsys, jobs):
+    """The sweep locks a cell's folder before it writes the cell's log; train.py (in-process, or a child process
+    with --jobs 2) takes the lock over from it. A folder another run holds: not run, its train.log untouched."""
+    out = tmp_path / "o" / "tiny"
+    held = out / "bijection_mlp"
+    held.mkdir(parents=True)
+    (held / "train.log").write_text("the other run's log\n")
+    owner = subprocess.Popen(["sleep", "120"])
+    try:
+        (held / ".lock").write_text(f"{owner.pid}\n")
+        assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp,lstm", "--jobs", jobs,
+                    "--out", str(tmp_path / "o")]) == 1
+    finally:
+        owner.kill()
+        owner.wait()
+    said = capsys.readouterr().out
+    assert f"bijection x mlp: not run: {held} is in use by another run (pid {owner.pid}" in said
+    assert "bijection x mlp: FAILED: its folder is in use by another run" in said and "see" not in said
+    assert (held / "train.log").read_text() == "the other run's log\n"
+    assert sorted(os.listdir(held)) == [".lock", "train.log"]
+    assert sorted(os.listdir(out / "bijection_lstm")) == ["ckpt.pt", "results.json", "train.log"]  # lock released
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_table_written_before(tmp_path, monkeypatch, capsys):
+    argv = ["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path / "o"),
+            "--results", str(tmp_path / "r"), "--table_only"]
+    assert run(argv) == 0
+    table = (tmp_path / "r" / "table.md").read_text()
+
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)  # runtime.write_file's rename: the new table never lands
+    capsys.readouterr()
+    assert run(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'r' / 'table.md'}: No space left on device" in err, err
+    assert (tmp_path / "r" / "table.md").read_text() == table and os.listdir(tmp_path / "r") == ["table.md"]

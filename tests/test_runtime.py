@@ -286,3 +286,76 @@ def test_an_empty_lock_is_held_by_a_run_writing_its_pid_not_taken_over(tmp_path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "in use by another run (pid unknown" in err, err
     assert os.listdir(tmp_path) == [".lock"]
+
+
+@pytest.mark.parametrize("message", ["[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing "
+                                     "file data/0: file write failed", "[enforce fail at inline_container.cc:603] . "
+                                     "unexpected pos 1536 vs 1430", "[enforce fail at inline_container.cc:612] . "
+                                     "iostream error"])
+def test_torch_saves_full_disk_messages_are_os_errors_naming_the_file(tmp_path, message):
+    path = str(tmp_path / "ckpt.pt")
+    runtime.save_checkpoint(path, {"a": 1})
+
+    def full(tmp):
+        open(tmp, "wb").write(b"partial")
+        raise RuntimeError(message)
+
+    with pytest.raises(OSError) as e:
+        runtime.write_file(path, full)
+    assert e.value.filename == path and e.value.strerror == message  # guarded() reports it in one line, exit 2
+    assert torch.load(path, weights_only=True) == {"a": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_run_removes_only_its_own_temporary_files(tmp_path):
+    """A kill -9 mid-write leaves ckpt.pt.tmp; another script may be writing geometry_qk.json.tmp right now."""
+    argv = TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 0
+    for name in ("ckpt.pt.tmp", "ckpt_0000002.pt.tmp", "results.json.tmp", "geometry_qk.json.tmp", "train.log.tmp"):
+        (tmp_path / name).write_text("x")
+    assert run_main(["--task", "bijection", "--resume", "--max_iters", "4", "--out_dir", str(tmp_path)]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "geometry_qk.json.tmp", "results.json", "train.log.tmp"]
+
+
+def test_a_lock_this_process_or_its_parent_holds_is_handed_over(tmp_path):
+    """reproduce.py locks a cell before it writes the cell's log, then starts train.py (a child, or in-process)."""
+    for owner in (os.getpid(), os.getppid()):
+        (tmp_path / ".lock").write_text(f"{owner}\n")
+        assert runtime.lock_out_dir(str(tmp_path)) == str(tmp_path / ".lock")
+        assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n" and os.listdir(tmp_path) == [".lock"]
+        runtime.unlock_out_dir(str(tmp_path / ".lock"))
+        assert os.listdir(tmp_path) == []
+
+
+RANK = """import sys
+import runtime
+train = dict(device="cpu", out_dir=sys.argv[1], batch_size=2, overwrite=False, ckpt_schedule="last", max_iters=1)
+try:
+    sys.exit(runtime.guarded(lambda proc: runtime.prepare_out_dir(train, False, proc) and 0, train))
+except ValueError as e:
+    sys.exit(f"error: {e}")
+"""
+
+
+def test_every_rank_stops_when_rank_0_cannot_take_the_folder(tmp_path):
+    """Two gloo processes (as torchrun starts them) into a folder another run holds: rank 0 is refused, and rank 1
+    stops too, each with one line, instead of waiting for rank 0 at the next collective."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    owner = subprocess.Popen(["sleep", "120"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".lock").write_text(f"{owner.pid}\n")
+    env = lambda r: os.environ | dict(WORLD_SIZE="2", RANK=str(r), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                                      MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(tmp_path / "run")], env=env(r), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=90)[1] for p in ranks]
+    finally:
+        for p in ranks + [owner]:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in ranks] == [1, 1] and all(len(e.strip().splitlines()) == 1 for e in errs), errs
+    assert f"in use by another run (pid {owner.pid}" in errs[0] and "rank 1 stops" in errs[1]
+    assert os.listdir(tmp_path / "run") == [".lock"]

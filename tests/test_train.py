@@ -219,7 +219,7 @@ def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
     (["--task", "bijection", "--L", "30"], "L must be <= V=20"),
     (["--task", "hmm", "--K", "0"], "K must be an int >= 1"),
     (["--task", "recall", "--n_pairs", "100", "--key_vocab", "50"], "needs key_vocab and value_vocab >= n_pairs"),
-    (["--task", "hmm", "--block_size", "80"], "exceed the model's context block_size=80"),
+    (["--task", "hmm", "--n_pos", "0", "--block_size", "80"], "exceed the model's context block_size=80"),
     (["--task", "bijection", "--eval_K", "30"], "--eval_K needs a task with a K option"),
     (["--task", "bijection", "--d_model", "30", "--n_head", "4"], "must split into n_head=4 heads"),
     (["--task", "bijection", "--pos", "sinusoidal"], "pos must be one of"),
@@ -343,6 +343,30 @@ def test_eval_only_at_any_length_for_a_model_without_a_position_table(tmp_path):
     assert set(json.load(open(tmp_path / "eval.json"))["metrics"]) == {"default", "K100"}
 
 
+HMM3 = ["--task", "hmm", "--K", "3", "--n_states", "3", "--n_obs", "3"]
+
+
+@pytest.mark.parametrize("model, opts", [
+    ("transformer", HMM3), ("mamba", HMM3), ("transformer", HMM3 + ["--n_pos", "0"]),
+    ("lstm", ["--task", "regression", "--K", "4", "--d", "2", "--pos", "none", "--match_params", "-1"])])
+def test_eval_only_at_a_longer_K_rebuilds_the_saved_model(tmp_path, capsys, model, opts):
+    """Shared rows from n_pos on handle any length (the quick hmm presets, trained up to K=50); a learned table
+    without them is refused in one line; a matched width is the checkpoint's, not matched again against the
+    longer context (which changes the count of the transformer it matches)."""
+    argv = ["--model", model, "--d_model", "16", "--n_layer", "1", "--max_iters", "2", "--eval_interval", "2",
+            "--eval_samples", "10", "--eval_samples_during", "10", "--out_dir", str(tmp_path)] + opts
+    assert run_main(argv) == 0
+    fits = "--n_pos" not in opts
+    code = run_main(["--task", opts[1], "--eval_only", "--out_dir", str(tmp_path), "--eval_K", "60"])
+    if fits:
+        saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model_config"]
+        r = json.load(open(tmp_path / "eval.json"))
+        assert set(r["metrics"]) == {"default", "K60"} and r["model_config"]["d_model"] == saved["d_model"]
+    else:
+        assert "sequences of length 141 exceed the model's context block_size=121" in capsys.readouterr().err
+    assert code == (0 if fits else 2)
+
+
 def test_train_all_queries_trains_on_every_key_and_evaluates_the_task(tmp_path):
     argv = ["--task", "recall", "--n_pairs", "6", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8",
             "--filler", "2", "--n_layer", "1", "--n_head", "2", "--d_model", "16", "--pos", "learned",
@@ -390,3 +414,32 @@ def test_every_curriculum_stage_is_checked_before_training_and_a_presets_is_name
     assert run_main(["--task", "recall", "--preset", "cpu_paper_task", "--n_pairs", "4", "--n_queries", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--curriculum is the cpu_paper_task preset's" in err, err
+
+
+
+@pytest.mark.parametrize("S, O", [(5, 5), (8, 8), (3, 3)])
+def test_the_hmm_presets_give_every_header_token_its_own_row_at_any_size(S, O):
+    """n_pos follows --n_states and --n_obs: header_len own rows, then a shared one (54 at the quick cells'
+    5 x 5); the window keeps exactly the header and the last 16 positions in view of the last query."""
+    from transformer import attn_bias
+    for model in ("transformer", "mamba"):
+        cfg = presets.build_config("hmm", model, "quick", dict(n_states=S, n_obs=O, n_layer=1, d_model=16))
+        task, _, net, _, mc = train.build(cfg, torch.device("cpu"))
+        assert task.header_len == 3 + S * S + S * O and mc["n_pos"] == task.header_len + 1
+        assert net.wpe.num_embeddings == task.header_len + 1 and ((S, O) != (5, 5) or mc["n_pos"] == 54)
+        if model == "transformer":
+            seen = attn_bias(net.config, task.seq_len, "cpu")[0, -1].isfinite()
+            assert seen.sum() == task.header_len + 16 and seen[:task.header_len].all()
+
+
+@pytest.mark.parametrize("key", ["optimizer", "gen_state"])
+def test_a_checkpoint_without_its_training_state_is_a_one_line_error(tmp_path, capsys, key):
+    assert run_main(TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]) == 0
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    del state[key]
+    torch.save(state, tmp_path / "ckpt.pt")
+    capsys.readouterr()
+    assert run_main(["--task", "bijection", "--resume", "--max_iters", "4", "--out_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"ckpt.pt has no {key}: train.py cannot resume it" in err, err
+    assert json.load(open(tmp_path / "results.json"))["iters"] == 2
