@@ -50,7 +50,8 @@ TRAIN = {  # name: (default, help); presets and flags override
                           "it, so `--resume --max_iters N` runs on at the final rate"),
     "batch_size": (64, "sequences per step (fresh every step)"),
     "data_device": ("auto", "where training batches are drawn: auto (on the GPU when training on CUDA, else the CPU) "
-                            "| cpu | device (the training device)"),
+                            "| cpu | device (the training device; on MPS, which has no float64, hmm and regression "
+                            "draw on the CPU)"),
     "data_chunk": (0, "batches drawn per sampler call, which spreads its fixed cost (many small ops) over several "
                       "steps: 0 = auto (16 when drawing on a GPU, else 1)"),
     "curriculum": ("", "grow an integer task option while training, NAME=START: from START up to the task's value in "
@@ -71,9 +72,13 @@ TRAIN = {  # name: (default, help); presets and flags override
     "eval_interval": (500, "steps between held-out evaluations and checkpoints"),
     "eval_samples": (2000, "held-out sequences in the final evaluation"),
     "eval_samples_during": (500, "held-out sequences in the evaluations during training"),
+    "eval_batch_size": (0, "sequences per forward pass at evaluation, which sets its memory, not its sequences (drawn "
+                           "250 at a time whatever this is): 0 = auto, the sequences one process trains on per step "
+                           "(--batch_size over the torchrun processes)"),
     "eval_seed": (424242, "seed of the held-out sequences, a different stream from the training batches"),
     "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
-    "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at log-spaced steps"),
+    "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation | log: also copies at "
+                              "log-spaced steps"),
     "stop_at": ("", "stop once a held-out evaluation reaches this, e.g. mae_curve<=0.01 or accuracy>=0.99"),
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
     "overwrite": (False, "replace the run in --out_dir (its ckpt.pt, snapshots, results.json and eval.json)"),
@@ -81,8 +86,8 @@ TRAIN = {  # name: (default, help); presets and flags override
 }
 CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer": ("adamw", "muon"),
            "ckpt_schedule": ("last", "eval", "log"), "data_device": ("auto", "cpu", "device")}
-RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
-             "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
+RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",  # may
+             "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule", "eval_batch_size")  # change on resume
 
 
 PRESETS = {
@@ -349,7 +354,8 @@ def check_train(train):
                  beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
                  warmup_iters=(lambda x: x >= 0, ">= 0"), lr_decay_iters=(lambda x: x >= 0, ">= 0 (0 = --max_iters)"),
                  max_iters=(lambda x: x >= 0, ">= 0"), data_chunk=(lambda x: x >= 0, ">= 0 (0 = auto)"),
-                 curriculum_iters=(lambda x: x >= 0, ">= 0 (0 = half of --max_iters)"))
+                 curriculum_iters=(lambda x: x >= 0, ">= 0 (0 = half of --max_iters)"),
+                 eval_batch_size=(lambda x: x >= 0, ">= 0 (0 = auto)"))
     rules |= {k: (lambda x: x >= 1, ">= 1") for k in
               ("batch_size", "log_interval", "eval_interval", "eval_samples", "eval_samples_during")}
     for k, (ok, want) in rules.items():
@@ -384,8 +390,8 @@ def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
     land within tol of. The count grows with the width: bisect."""
     target = cfg["train"]["match_params"]
     if target == -1:  # the transformer of this task and preset
-        target = count_params(TransformerConfig, Transformer,
-                              task_io | model_options(PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {})))
+        entry = PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {})
+        target = count_params(TransformerConfig, Transformer, task_io | model_options(entry))
     if target < 1:
         raise ValueError(f"--match_params must be a parameter count, 0 (off) or -1 (the transformer's), got {target}")
 

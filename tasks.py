@@ -92,6 +92,7 @@ class Task:
     vocab_size = 0
     n_features = 0
     answer_offset = None
+    float64 = False  # draws in float64 (the exact posterior's parameters): never on a device without it (MPS)
 
     def options(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -254,6 +255,7 @@ class HMM(Task):
     discretize: bool = True  # 0.05 floor + 2-decimal grid so the header is exact (authors' code)
 
     soft_targets = True
+    float64 = True
 
     def __post_init__(self):
         for k in ("n_states", "n_obs", "K"):
@@ -314,6 +316,7 @@ class Regression(Task):
     d_active: int = 0  # inputs vary in the first d_active dimensions, the rest are 0 (0 = all d): a curriculum grows it
 
     gaussian = True
+    float64 = True
 
     def __post_init__(self):
         check(isinstance(self.d, int) and self.d >= 1, f"regression: d must be an int >= 1, got {self.d}")
@@ -373,7 +376,8 @@ class Recall(Task):
         for k in ("n_pairs", "n_queries", "key_vocab", "value_vocab"):
             v = getattr(self, k)
             check(isinstance(v, int) and v >= 1, f"recall: {k} must be an int >= 1, got {v}")
-        check(isinstance(self.filler, int) and self.filler >= 0, f"recall: filler must be an int >= 0, got {self.filler}")
+        check(isinstance(self.filler, int) and self.filler >= 0,
+              f"recall: filler must be an int >= 0, got {self.filler}")
         check(isinstance(self.query_gap, int) and self.query_gap >= -1,
               f"recall: query_gap must be an int >= 0, or -1 for filler // 2; got {self.query_gap}")
         self.gap = self.filler // 2 if self.query_gap == -1 else self.query_gap
@@ -393,12 +397,14 @@ class Recall(Task):
         vals = uniform_choice_without_replacement(B, self.value_vocab, N, g)
         which = uniform_choice_without_replacement(B, N, M, g)  # which stored pairs are queried
         col = lambda tok, n=1: torch.full((B, n), tok, dtype=torch.long, device=keys.device)
-        store = torch.stack([col(self.STORE, N), keys + self.key_offset, col(self.SEP, N), vals + self.answer_offset], -1)
+        store = torch.stack([col(self.STORE, N), keys + self.key_offset, col(self.SEP, N), vals + self.answer_offset],
+                            -1)
         parts = [store.view(B, 4 * N), col(self.FILLER, self.filler)]
         for i in range(M):
             if i > 0 and self.gap:
                 parts.append(col(self.FILLER, self.gap))
-            parts.append(torch.cat([col(self.QUERY), keys.gather(1, which[:, i:i + 1]) + self.key_offset, col(self.PAD)], 1))
+            query = keys.gather(1, which[:, i:i + 1]) + self.key_offset
+            parts.append(torch.cat([col(self.QUERY), query, col(self.PAD)], 1))
         x = torch.cat(parts, 1)
         answer = torch.full_like(x, IGNORE)  # read at the queried keys: 4N + F + 1, then every 3 + gap tokens
         answer[:, 4 * N + self.filler + 1::3 + self.gap] = vals.gather(1, which)
