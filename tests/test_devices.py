@@ -27,9 +27,10 @@ class FakeMPS(TorchFunctionMode):
     """Apple MPS played by the CPU: tensors moved to "mps", and those computed from them, count as on MPS,
     and, as on MPS, none of them may be float64."""
 
-    def __init__(self):
+    def __init__(self, generators=()):
         super().__init__()
         self.on = {}  # id -> tensor, kept alive so that no id is reused
+        self.generators = generators  # generators made for "mps": what they draw is on MPS
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -41,7 +42,8 @@ class FakeMPS(TorchFunctionMode):
                 out = t.to("cpu", dtype or t.dtype, copy=to_mps or id(t) in self.on)
                 return self.mark(out) if to_mps else out
         out = func(*args, **kwargs)
-        if any(id(t) in self.on for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
+        if any(kwargs.get("generator") is g for g in self.generators) or \
+                any(id(t) in self.on for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
             pytree.tree_map_only(torch.Tensor, self.mark, out)  # computed on MPS, stays there
         return out
 
@@ -61,6 +63,28 @@ def test_a_device_without_float64_gets_only_the_models_tensors(tmp_path, monkeyp
     assert len(mps.on) > 0  # the model did run "on MPS"
     r = json.load(open(tmp_path / "results.json"))
     assert r["device"] == "mps" and r["metrics"]["default"]["n_sequences"] == 20
+
+
+@pytest.mark.parametrize("task", ["hmm", "regression", "bijection"])
+def test_data_drawn_on_mps_is_drawn_in_float64_on_the_cpu(tmp_path, monkeypatch, task):
+    # --data_device device: hmm and regression draw float64, which MPS refuses; they draw on the CPU and move
+    real, made = torch.Generator, []
+
+    class Generator:  # torch.Generator("mps") played by a CPU generator whose draws count as on MPS; a class, so
+        def __new__(cls, device="cpu"):  # that annotations such as `torch.Generator | None` still evaluate
+            g = real("cpu")
+            if torch.device(device).type == "mps":
+                made.append(g)
+            return g
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "Generator", Generator)
+    argv = ["--task", task, "--device", "mps", "--data_device", "device", "--data_chunk", "2", "--d_model", "16",
+            "--n_head", "2", "--out_dir", str(tmp_path)]
+    with FakeMPS(made):
+        assert run_main(argv + TINY + SMALL.get(task, ["--V", "6"])) == 0
+    assert len(made) == (task == "bijection")  # bijection draws no float64: on the device
+    assert json.load(open(tmp_path / "results.json"))["iters"] == 3
 
 
 def compile_with(monkeypatch, backend):
