@@ -50,7 +50,8 @@ TRAIN = {  # name: (default, help); presets and flags override
                           "it, so `--resume --max_iters N` runs on at the final rate"),
     "batch_size": (64, "sequences per step (fresh every step)"),
     "data_device": ("auto", "where training batches are drawn: auto (on the GPU when training on CUDA, else the CPU) "
-                            "| cpu | device (the training device)"),
+                            "| cpu | device (the training device; on MPS, which has no float64, hmm and regression "
+                            "draw on the CPU)"),
     "data_chunk": (0, "batches drawn per sampler call, which spreads its fixed cost (many small ops) over several "
                       "steps: 0 = auto (16 when drawing on a GPU, else 1)"),
     "curriculum": ("", "grow an integer task option while training, NAME=START: from START up to the task's value in "
@@ -71,6 +72,9 @@ TRAIN = {  # name: (default, help); presets and flags override
     "eval_interval": (500, "steps between held-out evaluations and checkpoints"),
     "eval_samples": (2000, "held-out sequences in the final evaluation"),
     "eval_samples_during": (500, "held-out sequences in the evaluations during training"),
+    "eval_batch_size": (0, "sequences per forward pass at evaluation, which sets its memory, not its sequences (drawn "
+                           "250 at a time whatever this is): 0 = auto, the sequences one process trains on per step "
+                           "(--batch_size over the torchrun processes)"),
     "eval_seed": (424242, "seed of the held-out sequences, a different stream from the training batches"),
     "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
     "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation "
@@ -85,7 +89,8 @@ CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer"
 RESUME_STATE = ("optimizer", "gen_state", "torch_rng", "elapsed", "history")  # what a checkpoint gives a resumed run
 HEADER_ROWS = "header + 1"  # a preset's n_pos: a row per header token, then one shared (with_header_rows)
 RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
-             "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule")  # may change on --resume/--eval_only
+             "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule",
+             "eval_batch_size")  # may change on --resume/--eval_only
 
 
 PRESETS = {
@@ -368,7 +373,8 @@ def check_train(train):
                  beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
                  warmup_iters=(lambda x: x >= 0, ">= 0"), lr_decay_iters=(lambda x: x >= 0, ">= 0 (0 = --max_iters)"),
                  max_iters=(lambda x: x >= 0, ">= 0"), data_chunk=(lambda x: x >= 0, ">= 0 (0 = auto)"),
-                 curriculum_iters=(lambda x: x >= 0, ">= 0 (0 = half of --max_iters)"))
+                 curriculum_iters=(lambda x: x >= 0, ">= 0 (0 = half of --max_iters)"),
+                 eval_batch_size=(lambda x: x >= 0, ">= 0 (0 = auto)"))
     rules |= {k: (lambda x: x >= 1, ">= 1") for k in
               ("batch_size", "log_interval", "eval_interval", "eval_samples", "eval_samples_during")}
     for k, (ok, want) in rules.items():

@@ -17,7 +17,7 @@ and the one-line reports of a fault.
   Proc is one process's share of a run: device, rank, the step reached and the checkpoints written.
 """
 import builtins
-from contextlib import nullcontext, suppress
+from contextlib import contextmanager, nullcontext, suppress
 import errno
 import glob
 import json
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-VERDICTS = ("go on", "reached", "diverged")  # after an evaluation: --stop_at reached, not finite
+VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_at reached, not finite, it failed
 # torch.save's errors on a full or failing disk: "failed writing file", "unexpected pos N vs M", "iostream error"
 DISK_FULL = r"writ|unexpected pos|iostream error"
 RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
@@ -68,10 +68,12 @@ def autocast(dtype, device):
     return use_bf16, torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
-def data_source(train, device):
+def data_source(train, device, task=None):
     """(generator, chunk): batches are drawn on the generator's device, `chunk` per sampler call. On a GPU a
-    draw is a few hundred tiny kernels whatever its size, so one call per 16 steps makes it cheap."""
+    draw is a few hundred tiny kernels whatever its size, so one call per 16 steps makes it cheap. A task that
+    draws in float64 (task.float64) draws on the CPU for a device without float64 (MPS), and the batch moves."""
     on_gpu = train["data_device"] == "device" or train["data_device"] == "auto" and device.type == "cuda"
+    on_gpu = on_gpu and not (device.type == "mps" and getattr(task, "float64", False))
     dev = device if on_gpu else torch.device("cpu")
     chunk = train["data_chunk"] or (16 if dev.type == "cuda" else 1)
     return torch.Generator(device=dev).manual_seed(train["seed"]), chunk
@@ -215,6 +217,22 @@ def set_rng_state(state, device):
     torch.set_rng_state(state["torch_rng"])
     if device.type == "cuda" and "cuda_rng" in state:  # absent when the run was on a CPU before
         torch.cuda.set_rng_state(state["cuda_rng"], device)
+
+
+def resume(state, model, opt, batches, device, train):
+    """(step, elapsed time, history) of a new run, or of a checkpoint, with its model, optimizer and RNGs."""
+    if state is None:
+        return 0, 0.0, []
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    set_rng_state(state, device)
+    try:
+        batches.gen.set_state(state["gen_state"])
+    except (RuntimeError, ValueError):  # a generator state from another kind of device (a GPU run resumed on a CPU)
+        print0("the checkpoint's batch generator was on another device: reseeding, the batches will differ "
+               "from an uninterrupted run's")
+        batches.gen.manual_seed(train["seed"] + state["iter"])
+    return state["iter"], state["elapsed"], state["history"]
 
 
 # -----------------------------------------------------------------------------
@@ -448,6 +466,25 @@ class Proc:
         self.ckpt, self.step = os.path.join(self.out_dir, "ckpt.pt"), resumed_at or 0
         self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
         self.lock, self.aside = None, False  # rank 0's lock on out_dir; an old run set aside by --overwrite
+        self.solo = False  # rank 0 works alone while the others wait for its word (alone, verdict)
+        # sequences per forward pass at evaluation: --eval_batch_size, or this process's share of a training batch
+        self.eval_batch = train.get("eval_batch_size") or max(1, train["batch_size"] // world)
+
+    def alone(self):
+        """True on rank 0, which from here works alone (evaluates, writes) while the other ranks wait for its
+        word (verdict); a failure meanwhile is told to them (guarded), so that they stop now, not at a timeout."""
+        self.solo = self.master and self.world > 1
+        return self.master
+
+    def verdict(self, v):
+        """Rank 0's word v (one of VERDICTS) on every rank."""
+        self.solo = False
+        return rank0s(v, self.world, self.device)
+
+    def save_first(self, state):
+        """ckpt.pt (state(): its contents) before the run's first evaluation, so that a failure there keeps it."""
+        if self.kept is None:
+            self.save(state(), at_eval=True)
 
     def settle(self, keep_new):
         """Delete the old run set aside by --overwrite (keep_new), or put it back; True if it was put back."""
@@ -489,15 +526,18 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
     try:
         code = loop(proc)
         proc.settle(keep_new=code == 0)  # finished (--max_iters 0 saves no checkpoint), or diverged
-        if world > 1:  # rank 0 evaluates and writes alone at the end: no rank tears the group down before it is done
-            dist.barrier()
+        # rank 0 evaluates and writes alone at the end: no rank tears the group down before it is done (or failed)
+        if world > 1 and code != 2 and proc.verdict("go on") == "failed":
+            return 2
         return code
     except BaseException as e:
+        if proc.solo:  # the other ranks wait for rank 0's word: that it failed (its own line says why)
+            proc.verdict("failed")
         back = proc.settle(keep_new=False)  # ended before its first checkpoint: the run it replaces stays
         if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
             raise
         what = ("interrupted" if isinstance(e, KeyboardInterrupt) else
-                "out of memory (try a smaller --batch_size or model)" if is_oom(e) else
+                "out of memory " + getattr(e, "hint", "(try a smaller --batch_size or model)") if is_oom(e) else
                 f"{e.filename}: {e.strerror}" if e.filename else str(e))
         kept = f"kept {proc.kept}" if proc.kept else \
             "no checkpoint was saved" + ("; the run it was to replace is put back" if back else "")
@@ -520,6 +560,17 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
 def is_oom(e):
     return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or \
         isinstance(e, RuntimeError) and re.search(r"out of memory|can't allocate memory", str(e)) is not None
+
+
+@contextmanager
+def oom_hint(hint):
+    """An out-of-memory inside says hint in the run's one-line report (guarded) instead of the training's."""
+    try:
+        yield
+    except Exception as e:
+        if is_oom(e):
+            e.hint = hint
+        raise
 
 
 def interrupt(signum, frame):

@@ -76,6 +76,7 @@ class Task:
     vocab_size = 0
     n_features = 0
     answer_offset = None
+    float64 = False  # draws in float64 (the exact posterior's parameters): never on a device without it (MPS)
 
     def options(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -249,6 +250,7 @@ class HMM(Task):
     discretize: bool = True  # 0.05 floor + 2-decimal grid so the header is exact (authors' code)
 
     soft_targets = True
+    float64 = True
 
     def __post_init__(self):
         for k in ("n_states", "n_obs", "K"):
@@ -312,6 +314,7 @@ class Regression(Task):
     d_active: int = 0  # inputs vary in the first d_active dimensions, the rest are 0 (0 = all d): a curriculum grows it
 
     gaussian = True
+    float64 = True
 
     def __post_init__(self):
         check(isinstance(self.d, int) and self.d >= 1, f"regression: d must be an int >= 1, got {self.d}")

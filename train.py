@@ -23,7 +23,7 @@ from oracles import Metrics
 from presets import (IO_FIELDS, MODELS, build_config, check_train, fit_block_size, match_width, parse_args,
                      resume_config)
 from runtime import (CompiledOrEager, Optimizers, autocast, checkpoint, cli, code_version, data_parallel, data_source,
-                     fmt_time, global_mean, guarded, load_checkpoint, prepare_out_dir, print0, rank0s, set_rng_state,
+                     fmt_time, global_mean, guarded, load_checkpoint, oom_hint, prepare_out_dir, print0, resume,
                      write_json)
 from tasks import make_task
 
@@ -104,7 +104,7 @@ class Batches:
     the same and trains on its 1/world slice. state(it) is the generator state that redraws step it's batch."""
 
     def __init__(self, task, train, device, rank, world):
-        self.gen, self.n = data_source(train, device)
+        self.gen, self.n = data_source(train, device, task)
         self.B, self.device, self.rank, self.world = train["batch_size"], device, rank, world
         stage = parse_curriculum(train["curriculum"], task, train) or (lambda it: task)
         self.stage = (lambda it: stage(it).all_queries()) if train["train_all_queries"] else stage
@@ -180,15 +180,16 @@ def parse_stop(spec, task):
 
 
 @torch.no_grad()
-def evaluate(model, task, n_samples, seed, device, ctx, batch_size=250):
-    """Metrics on n_samples held-out sequences drawn from a fixed seed."""
+def evaluate(model, task, n_samples, seed, device, ctx, per_pass=250, batch_size=250):
+    """Metrics on n_samples held-out sequences drawn from a fixed seed, batch_size at a time; the forward pass
+    takes at most per_pass of them (--eval_batch_size), which changes the memory, not the sequences."""
     model.eval()
     g, m = torch.Generator().manual_seed(seed), Metrics()
     for i in range(0, n_samples, batch_size):
         batch = task.sample(min(batch_size, n_samples - i), g)
-        with ctx:
-            out = model(batch.x.to(device))
-        m.update(task, batch, out.float())
+        with ctx, oom_hint(f"at evaluation (try a smaller --eval_batch_size; it was {per_pass})"):
+            out = torch.cat([model(x.to(device)).float() for x in batch.x.tensor_split(-(-len(batch.x) // per_pass))])
+        m.update(task, batch, out)
     model.train()
     return m.result(task)
 
@@ -198,14 +199,18 @@ def summary(r):
     return s + (f" | acc {r['accuracy']:.4f} (bayes {r['oracle_accuracy']:.4f})" if "accuracy" in r else "")
 
 
-def held_out(model, fwd, task, train, device, ctx, at_eval):
-    """(held-out metrics without curves or None, what is not finite or None): the parameters, then the metrics."""
+def held_out(model, fwd, task, train, proc, ctx, at_eval, state):
+    """(held-out metrics without curves or None, what is not finite or None): the parameters, then (after the
+    run's first checkpoint, state() its contents) the metrics."""
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         return None, "parameters are"
-    r = evaluate(fwd, task, train["eval_samples_during"], train["eval_seed"], device, ctx) if at_eval else None
-    if r is not None and not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):
+    if not at_eval:
+        return None, None
+    proc.save_first(state)
+    r = evaluate(fwd, task, train["eval_samples_during"], train["eval_seed"], proc.device, ctx, proc.eval_batch)
+    if not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):
         return None, "held-out metrics are"
-    return None if r is None else {k: v for k, v in r.items() if not isinstance(v, list)}, None
+    return {k: v for k, v in r.items() if not isinstance(v, list)}, None
 
 
 def batch_mae(task, batch, out):
@@ -234,6 +239,8 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
            f"{' bf16' * use_bf16} | out {out_dir}")
     t_start = t_log = time.time()
     it_log = it
+    state = lambda: checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed + time.time() - t_start,
+                               history)  # what ckpt.pt would hold now
     while it < T and not eval_only:
         lr = get_lr(it, train)
         for group in opt.param_groups:
@@ -257,8 +264,8 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
         if not proc.due(it, at_eval):
             continue
         verdict = "go on"  # once in a while: evaluate and save, on rank 0, whose verdict every rank follows
-        if proc.master:
-            r, bad = held_out(model, eval_fwd, task, train, device, ctx, at_eval)
+        if proc.alone():
+            r, bad = held_out(model, eval_fwd, task, train, proc, ctx, at_eval, state)
             verdict = "diverged" if bad else "reached" if r is not None and stop is not None and stop(r) else "go on"
             if bad:
                 proc.diverged(f"{bad} not finite", it)
@@ -269,17 +276,17 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
                     print0(f"eval step {it}: {summary(r)}")
                 proc.save(checkpoint(cfg, model_config, model, opt, batches, device, it, now, history), at_eval)
                 t_log, it_log = time.time(), it  # progress rates exclude evaluation time
-        verdict = rank0s(verdict, proc.world, device)
+        verdict = proc.verdict(verdict)
         if verdict == "reached":
             print0(f"reached {train['stop_at']} at step {it}: stopping")
             break
-        if verdict == "diverged":
-            return 1
+        if verdict in ("diverged", "failed"):  # rank 0 said why
+            return 1 if verdict == "diverged" else 2
     if eval_only and not all(torch.isfinite(p).all() for p in model.parameters()):
         print0(f"the parameters in {out_dir} are not finite (step {it}): nothing to evaluate", file=sys.stderr)
         return 1
-    if proc.master:
-        final_eval(cfg, eval_tasks, eval_fwd, device, ctx, it, history, elapsed + time.time() - t_start,
+    if proc.alone():
+        final_eval(cfg, eval_tasks, eval_fwd, proc, ctx, it, history, elapsed + time.time() - t_start,
                    model_config, eval_only)
     return 0
 
@@ -294,27 +301,11 @@ def step(fwd, task, opt, batch, ctx):
     return out, loss
 
 
-def resume(state, model, opt, batches, device, train):
-    """(step, elapsed time, history) of a new run, or of a checkpoint, with its model, optimizer and RNGs."""
-    if state is None:
-        return 0, 0.0, []
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    set_rng_state(state, device)
-    try:
-        batches.gen.set_state(state["gen_state"])
-    except (RuntimeError, ValueError):  # a generator state from another kind of device (a GPU run resumed on a CPU)
-        print0("the checkpoint's batch generator was on another device: reseeding, the batches will differ "
-               "from an uninterrupted run's")
-        batches.gen.manual_seed(train["seed"] + state["iter"])
-    return state["iter"], state["elapsed"], state["history"]
-
-
-def final_eval(cfg, eval_tasks, model, device, ctx, it, history, wall, model_config, eval_only):
+def final_eval(cfg, eval_tasks, model, proc, ctx, it, history, wall, model_config, eval_only):
     """The held-out metrics at every evaluated length, into results.json (eval.json for --eval_only)."""
-    train, metrics = cfg["train"], {}
+    train, metrics, device = cfg["train"], {}, proc.device
     for name, t in eval_tasks.items():
-        metrics[name] = evaluate(model, t, train["eval_samples"], train["eval_seed"], device, ctx)
+        metrics[name] = evaluate(model, t, train["eval_samples"], train["eval_seed"], device, ctx, proc.eval_batch)
         print0(f"final {name} ({train['eval_samples']} held-out sequences): {summary(metrics[name])}")
     results = dict(task=cfg["task"], model=cfg["model"], preset=cfg["preset"], config=cfg, model_config=model_config,
                    task_options=eval_tasks["default"].options(), n_params=model.num_params(), iters=it,

@@ -27,9 +27,10 @@ class FakeMPS(TorchFunctionMode):
     """Apple MPS played by the CPU: tensors moved to "mps", and those computed from them, count as on MPS,
     and, as on MPS, none of them may be float64."""
 
-    def __init__(self):
+    def __init__(self, generators=()):
         super().__init__()
         self.on = {}  # id -> tensor, kept alive so that no id is reused
+        self.generators = generators  # generators made for "mps": what they draw is on MPS
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -42,7 +43,8 @@ class FakeMPS(TorchFunctionMode):
                 out = t.to("cpu", dtype or t.dtype, copy=to_mps or id(t) in self.on)
                 return self.mark(out) if to_mps else out
         out = func(*args, **kwargs)
-        if any(id(t) in self.on for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
+        if any(kwargs.get("generator") is g for g in self.generators) or \
+                any(id(t) in self.on for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
             pytree.tree_map_only(torch.Tensor, self.mark, out)  # computed on MPS, stays there
         return out
 
@@ -62,6 +64,28 @@ def test_a_device_without_float64_gets_only_the_models_tensors(tmp_path, monkeyp
     assert len(mps.on) > 0  # the model did run "on MPS"
     r = json.load(open(tmp_path / "results.json"))
     assert r["device"] == "mps" and r["metrics"]["default"]["n_sequences"] == 20
+
+
+@pytest.mark.parametrize("task", ["hmm", "regression", "bijection"])
+def test_data_drawn_on_mps_is_drawn_in_float64_on_the_cpu(tmp_path, monkeypatch, task):
+    # --data_device device: hmm and regression draw float64, which MPS refuses; they draw on the CPU and move
+    real, made = torch.Generator, []
+
+    class Generator:  # torch.Generator("mps") played by a CPU generator whose draws count as on MPS; a class, so
+        def __new__(cls, device="cpu"):  # that annotations such as `torch.Generator | None` still evaluate
+            g = real("cpu")
+            if torch.device(device).type == "mps":
+                made.append(g)
+            return g
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "Generator", Generator)
+    argv = ["--task", task, "--device", "mps", "--data_device", "device", "--data_chunk", "2", "--d_model", "16",
+            "--n_head", "2", "--out_dir", str(tmp_path)]
+    with FakeMPS(made):
+        assert run_main(argv + TINY + SMALL.get(task, ["--V", "6"])) == 0
+    assert len(made) == (task == "bijection")  # bijection draws no float64: on the device
+    assert json.load(open(tmp_path / "results.json"))["iters"] == 3
 
 
 def compile_with(monkeypatch, backend):
@@ -283,3 +307,54 @@ def test_reproduce_keeps_an_inherited_cuda_visible_devices(tmp_path, monkeypatch
     todo = [((f"t{i}", "m"), [], str(tmp_path / f"log{i}")) for i in range(2)]
     assert [rc for _, rc, _ in reproduce.run_cells(todo, 2, 2)] == [0, 0]
     assert sorted(envs) == ["5", "GPU-7f3a"]
+
+
+RANK_FAILS = """
+import sys, torch, runtime, train
+rank, where = int(sys.argv[1]), sys.argv[2]
+if rank == 0 and where == "evaluation":  # out of memory in rank 0's first evaluation (the others wait for its word)
+    def evaluate(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    train.evaluate = evaluate
+if rank == 0 and where == "results":  # a full disk when rank 0 writes results.json (the others wait to finish)
+    def write_json(path, obj):
+        raise OSError(28, "No space left on device", path)
+    train.write_json = write_json
+sys.exit(train.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.skipif(not os.environ.get("WINDTUNNEL_GLOO"), reason="opt-in (WINDTUNNEL_GLOO=1): two processes "
+                    "meeting in a gloo group on 127.0.0.1, which some sandboxes do not allow")
+@pytest.mark.parametrize("where", ["evaluation", "results"])
+def test_a_rank_0_failure_under_torchrun_ends_every_rank_within_seconds(tmp_path, where):
+    import socket
+    import subprocess
+    import sys
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["--task", "bijection", "--V", "6", "--model", "mlp", "--d_model", "16", "--device", "cpu",
+            "--out_dir", str(tmp_path)] + TINY
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_FAILS, str(r), where] + argv, cwd=root, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"))
+             for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]  # without rank 0's word, rank 1 waits 30 minutes (gloo)
+        ended = time.time()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [2, 2], outs
+    errs = [e for _, e in outs]
+    assert errs[1].strip() == "", errs  # rank 0 speaks for the run, in one line
+    line = errs[0].strip()
+    assert len(line.splitlines()) == 1, line
+    assert ("out of memory at evaluation (try a smaller --eval_batch_size; it was 4) at step 3" in line
+            if where == "evaluation" else "No space left on device" in line), line
+    assert f"kept {tmp_path / 'ckpt.pt'} (step 3)" in line

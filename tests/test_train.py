@@ -443,3 +443,55 @@ def test_a_checkpoint_without_its_training_state_is_a_one_line_error(tmp_path, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"ckpt.pt has no {key}: train.py cannot resume it" in err, err
     assert json.load(open(tmp_path / "results.json"))["iters"] == 2
+
+
+@pytest.mark.parametrize("model", ["transformer", "mlp", "lstm"])
+def test_evaluation_splits_only_the_forward_pass_and_every_figure_stays(model):
+    # the held-out sequences are drawn 250 at a time whatever the split: the metrics are the same, bit for bit
+    cfg = presets.build_config("hmm", model, "quick", dict(K=4, n_states=3, n_obs=3, n_layer=1, d_model=32, n_head=2))
+    torch.manual_seed(0)
+    task, _, net, _, _ = train.build(cfg, torch.device("cpu"))
+    sizes, forward = [], net.forward
+    net.forward = lambda x: sizes.append(len(x)) or forward(x)
+    ev = lambda per_pass: train.evaluate(net, task, 300, 7, torch.device("cpu"), torch.autocast("cpu", enabled=False),
+                                         per_pass)
+    whole = ev(250)
+    assert sizes == [250, 50]
+    sizes.clear()
+    assert ev(64) == whole
+    assert sizes == [63, 63, 62, 62, 50] and max(sizes) <= 64  # parts of near-equal size, none tiny
+
+
+def test_eval_batch_size_changes_no_figure_of_a_run(tmp_path):
+    argv = TINY + ["--max_iters", "4", "--eval_interval", "2"]
+    assert run_main(argv + ["--out_dir", str(tmp_path / "a")]) == 0  # auto: 16 (the training batch)
+    assert run_main(argv + ["--out_dir", str(tmp_path / "b"), "--eval_batch_size", "250"]) == 0
+    a, b = (json.load(open(tmp_path / d / "results.json")) for d in "ab")
+    untimed = lambda r: [{k: v for k, v in h.items() if k != "time"} for h in r["history"]]
+    assert a["metrics"] == b["metrics"] and untimed(a) == untimed(b) and len(untimed(a)) == 2
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                   RuntimeError("MPS backend out of memory (MPS allocated: 15.00 GB)")])
+def test_out_of_memory_at_the_first_evaluation_keeps_a_checkpoint_and_names_the_flag(tmp_path, monkeypatch, capsys,
+                                                                                      error):
+    real = train.build
+
+    def build(cfg, device):  # a model whose evaluation (no gradients) runs out of memory
+        built = real(cfg, device)
+        forward = built[2].forward
+        built[2].forward = lambda x: forward(x) if torch.is_grad_enabled() else (_ for _ in ()).throw(error)
+        return built
+
+    monkeypatch.setattr(train, "build", build)
+    argv = TINY + ["--max_iters", "4", "--eval_interval", "2", "--out_dir", str(tmp_path)]
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err == (f"train.py: error: out of memory at evaluation (try a smaller --eval_batch_size; it was 16) at "
+                   f"step 2; kept {tmp_path / 'ckpt.pt'} (step 2)")
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["iter"] == 2
+    monkeypatch.setattr(train, "build", real)  # with the memory to evaluate, it resumes from there
+    assert run_main(["--resume", "--out_dir", str(tmp_path), "--eval_batch_size", "4"]) == 0
+    r = json.load(open(tmp_path / "results.json"))
+    assert r["iters"] == 4 and [h["iter"] for h in r["history"]] == [4]
