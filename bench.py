@@ -1,6 +1,7 @@
 """
-Speed, memory and time to target, one subcommand each (`python bench.py SUBCOMMAND --help`: its flags).
+Speed and memory, one subcommand each (`python bench.py SUBCOMMAND --help`: its flags).
 
+    python bench.py matmul                  # this CPU (ISA, bf16) and its fp32 matmul rate: what scales a wall time
     python bench.py train                   # training throughput of every model, quick and paper sizes, task hmm
     python bench.py train --task bijection --models transformer --sizes paper --json out/bench.json
     python bench.py train --device cuda --compile     # on a GPU, with torch.compile
@@ -8,19 +9,20 @@ Speed, memory and time to target, one subcommand each (`python bench.py SUBCOMMA
     python bench.py scan --L 256 1024 --device cuda
     python bench.py memory                  # linear_attn.memory, chunked against recurrent, for each rule
     python bench.py memory --rules oja --chunk_size 8 16 32 64    # choose a chunk length
-    python bench.py time_to_target          # how long the default transformer takes to the paper's level
-    python bench.py time_to_target --from_runs out/reproduce/quick    # read finished runs instead of training
 
-train, scan and memory measure each row in a fresh process (`bench.py SUBCOMMAND --one ...`), so its
-peak memory is its own: torch.cuda.max_memory_allocated on CUDA; on CPU, the growth of the resident
-set's high-water mark. Times are the best of --reps runs after --warmup untimed ones. One section
-a subcommand below; the docstring of its function (bench_train, bench_scan, bench_memory,
-time_to_target) says what it measures.
+Every subcommand prints the CPU beside its times (machine(): name, AVX2 / AVX-512 / AMX, native bf16, fp32
+matmul GFLOP/s on the threads used). Rule of thumb for another CPU (scaled_time): a CPU wall time scales
+inversely with that rate, time here ~= time there * rate there / rate here. Time to the paper's level, which
+trains: `python reproduce.py time_to_target`. train, scan and memory measure each row in a fresh process
+(`bench.py SUBCOMMAND --one ...`), so its peak memory is its own: torch.cuda.max_memory_allocated on CUDA; on
+CPU, the growth of the resident set's high-water mark. Times are the best of --reps runs after --warmup
+untimed ones. One section a subcommand below; its function's docstring says what it measures.
 """
 import argparse
 import json
 import math
 import os
+import platform
 import resource
 import subprocess
 import sys
@@ -35,7 +37,6 @@ import mamba
 from linear_attn import DEFAULT_CHUNK, RULES, memory
 from mamba import SCAN_MODES, selective_scan
 from oracles import Metrics
-from tasks import make_task
 import presets
 import runtime
 import train
@@ -92,6 +93,48 @@ def in_fresh_process(command, one, args, flags, extra=()):
     return json.loads(run.stdout.strip().splitlines()[-1]), None
 
 
+def cpu_flags():
+    """(model name, set of ISA flags) from /proc/cpuinfo on Linux; elsewhere platform's name and no flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        return info.get("model name") or platform.processor(), set(info.get("flags", "").split())
+    except OSError:
+        return platform.processor() or platform.machine(), set()
+
+
+def machine(threads, n=1024, reps=3):
+    """What a wall time was measured on: the CPU's name, its widest vector ISA (AMX > AVX-512 > AVX2 > torch's
+    own reading of it, e.g. NEON on an Arm Mac), whether it multiplies bf16 natively, and the fp32 n x n
+    matmul rate (GFLOP/s, best of reps) on `threads` threads, the rate that scales a time to another CPU
+    (scaled_time)."""
+    name, flags = cpu_flags()
+    isa = ("AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags
+           else torch.backends.cpu.get_cpu_capability())
+    bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rate = matmul_peak(torch.device("cpu"), torch.float32, n, reps)
+    finally:
+        torch.set_num_threads(saved)
+    return dict(cpu=name, isa=isa, bf16=" ".join(bf16) or "no native bf16", threads=threads,
+                matmul_gflops=round(rate / 1e9, 1))
+
+
+def describe(m):
+    """One line for a machine(): 'AMD EPYC, AVX2, no native bf16: 41.3 GFLOP/s fp32 matmul on 2 threads'."""
+    return f"{m['cpu']}, {m['isa']}, {m['bf16']}: {m['matmul_gflops']} GFLOP/s fp32 matmul on {m['threads']} threads"
+
+
+def scaled_time(time_ref, rate_ref, rate_here):
+    """Rule of thumb: a CPU run's wall time scales inversely with the fp32 matmul rate (machine()), since the
+    steps are mostly matmuls (results/speed.md: 50-78% of the peak), so time here ~= time_ref * rate_ref /
+    rate_here. Rough (within tens of percent): memory bandwidth and small ops do not scale alike."""
+    return time_ref * rate_ref / rate_here
+
+
 def parse_kernel_args(p, argv):
     """scan's and memory's arguments: p's flags, and where and how often to time one forward + backward."""
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
@@ -112,6 +155,49 @@ def parse_kernel_args(p, argv):
 def parser(command, fn):
     """The subcommand's flags parser; its description is the first paragraph of fn's docstring."""
     return presets.Parser(prog=f"bench.py {command}", description=fn.__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
+
+# -----------------------------------------------------------------------------
+# matmul: this CPU, and the rate that carries a wall time to another CPU
+
+REF_GFLOPS = 188  # fp32 matmul on 2 threads of results/speed.md's CPU (176-200 GFLOP/s), where its times were taken
+
+
+def bench_matmul(argv):
+    """This CPU and its matmul rates: what carries a wall time measured on one CPU to another.
+
+    Prints machine(): the CPU's name, its vector ISA (AMX, AVX-512, AVX2), whether it multiplies bf16
+    natively, and the best fp32 n x n matmul rate on --threads threads; the bf16 rate beside it; and the
+    rule of thumb (scaled_time): a CPU run that took t on a CPU of fp32 rate R_ref takes about t * R_ref /
+    R_here here. --ref_gflops is R_ref (default: results/speed.md's CPU, where the committed times were
+    taken). --json also writes the figures.
+    """
+    p = parser("matmul", bench_matmul)
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    p.add_argument("--n", type=int, default=2048, help="matrix size (default 2048)")
+    p.add_argument("--reps", type=int, default=5, help="timed matmuls; the best is reported (default 5)")
+    p.add_argument("--ref_gflops", type=float, default=REF_GFLOPS,
+                   help=f"fp32 GFLOP/s of the CPU the times to scale come from (default {REF_GFLOPS})")
+    p.add_argument("--json", default="", help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+    if min(args.threads, args.n, args.reps) < 1 or not args.ref_gflops > 0:
+        p.error("--threads, --n and --reps must be >= 1 and --ref_gflops > 0")
+    if args.json:
+        try:
+            runtime.check_out_dir(os.path.dirname(args.json) or ".", "--json")
+        except ValueError as e:
+            p.error(str(e))
+    m = machine(args.threads, args.n, args.reps)
+    torch.set_num_threads(args.threads)
+    m["bf16_matmul_gflops"] = round(matmul_peak(torch.device("cpu"), torch.bfloat16, args.n, args.reps) / 1e9, 1)
+    factor = scaled_time(1.0, args.ref_gflops, m["matmul_gflops"])
+    print(f"CPU: {describe(m)}")
+    print(f"bf16 matmul: {m['bf16_matmul_gflops']} GFLOP/s ({m['bf16_matmul_gflops'] / m['matmul_gflops']:.2f}x fp32)")
+    print(f"rule of thumb: a CPU run timed at {args.ref_gflops:g} GFLOP/s takes ~{factor:.2f}x as long here "
+          f"(1m00s there: ~{runtime.fmt_time(60 * factor)} here)")
+    if args.json:
+        runtime.write_json(args.json, m | dict(ref_gflops=args.ref_gflops, time_factor=factor))
+        print(f"wrote {args.json}")
+    return 0
 
 # -----------------------------------------------------------------------------
 # train: training throughput of every model at its quick and paper sizes
@@ -294,6 +380,8 @@ def bench_train(argv):
         return 0
     print(f"training step on task {args.task}, device {args.device}{' (compiled)' if args.compile else ''}, "
           f"best of {args.reps} after {args.warmup} warm-up; shares of a step: data, oracle (amortised)")
+    cpu = machine(args.threads)
+    print(f"CPU: {describe(cpu)}", flush=True)
     print(HEADER)
     rows = []
     for model in models:
@@ -304,7 +392,7 @@ def bench_train(argv):
             if failed:
                 print(f"{model:<12} {size:<6} failed: {failed}")
                 continue
-            rows.append(m)
+            rows.append(m | dict(machine=cpu))
             print(row(m), flush=True)
     if rows:
         print(f"matmul peak (n={args.peak_n}): {min(r['matmul_peak'] for r in rows) / 1e9:.1f}"
@@ -379,6 +467,7 @@ def bench_scan(argv):
         print(json.dumps(measure_scan(args.one[0], int(args.one[1]), args)))
         return 0
     print(f"selective scan, forward + backward: B={args.B} D={args.D} N={args.N}, {args.setting}")
+    print(f"CPU: {describe(machine(args.threads))}", flush=True)
     print(f"{'L':>6}  {'mode':<11} {'time s':>8} {'x seq':>6} {'peak MB':>9} {'x seq':>6} {'kernels':>8} {'x seq':>6}")
     n_ok = 0
     for L in args.L:
@@ -452,6 +541,7 @@ def bench_memory(argv):
         return 0
     print(f"linear_attn.memory, forward + backward: B={args.B} H={args.H} d_k={args.d_k} d_v={args.d_v} {args.dtype}, "
           f"{args.setting}")
+    print(f"CPU: {describe(machine(args.threads))}", flush=True)
     print(f"{'rule':<8} {'T':>5}  {'mode':<9} {'chunk':>5} {'time s':>8} {'x rec':>6} {'peak MB':>8}")
     n_ok = 0
     for rule in args.rules:
@@ -474,126 +564,21 @@ def bench_memory(argv):
     return 0
 
 # -----------------------------------------------------------------------------
-# time_to_target: how long the default transformer takes to reach the paper's level
 
-TARGETS = {"bijection": "mae_curve<=0.01", "hmm": "mae_curve<=0.05", "recall": "accuracy>=0.99",
-           "regression": "mae_curve<=0.05"}
-FAST = {  # train.py flags on top of the quick preset; results/time_to_target.md has the runs that chose them
-    "bijection": ["--lr", "4e-3"],
-    "hmm": [],
-    "recall": [],
-    "regression": [],
-}
-
-
-def metric(spec):
-    return spec.split("<")[0].split(">")[0]  # "mae_curve<=0.01" -> "mae_curve"
-
-
-def first_reached(history, spec, task_name):
-    """(the first history entry that meets spec or None, the best entry)."""
-    stop, name = train.parse_stop(spec, make_task(task_name)), metric(spec)
-    best = (max if ">=" in spec else min)(history, key=lambda h: h[name]) if history else None
-    return next((h for h in history if stop(h)), None), best
-
-
-def time_to_target(argv):
-    """Time to target: how long the default transformer takes, on this machine, to reach the paper-level
-    metric on each wind tunnel.
-
-    Targets, the paper's level: bijection mean-curve entropy MAE <= 0.01 bits, hmm <= 0.05, recall
-    accuracy >= 99%, regression <= 0.05 bits (not in the paper; the same bar as hmm).
-    Each task runs `train.py --task T --model transformer` with its preset, evaluating on
-    --eval_samples_during held-out sequences every --eval_interval steps, and stops at the first
-    evaluation that meets the target (train.py --stop_at); anything after `--` goes to train.py
-    (`-- --device cuda --compile`). The quick preset's schedules are sized for its final numbers
-    (results/table.md); the fast recipe (FAST) keeps its model and batch and changes only the
-    learning-rate schedule, so that the run is quick to the target rather than best at the end (so
-    far only bijection's: a higher peak rate); `--recipe preset` runs the preset's own schedule.
-
-    Reported: the training steps and the run's wall time (evaluations included) at that evaluation;
-    a run whose schedule ends first is "not reached", with its best value. With --from_runs the
-    histories of finished runs are read instead, at whatever evaluation interval they used. Writes
-    time_to_target_<fast, preset or from_runs>.md and .json to out/time_to_target (--results results: the
-    committed ones). A run folder that already holds a run is not replaced: `-- --overwrite` replaces it.
-    """
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = parser("time_to_target", time_to_target)
-    p.add_argument("--tasks", default=",".join(TARGETS), help=f"comma-separated (default {','.join(TARGETS)})")
-    p.add_argument("--preset", default="quick", choices=list(presets.PRESETS), help="model sizes and schedules (default quick)")
-    p.add_argument("--recipe", default="fast", choices=("fast", "preset"),
-                   help="fast: the preset with the FAST schedule changes | preset: the preset as it is (default fast)")
-    p.add_argument("--eval_interval", type=int, default=100, help="steps between held-out checks (default 100)")
-    p.add_argument("--from_runs", default="", help="read DIR/<task>_transformer/results.json instead of training")
-    p.add_argument("--out", default=os.path.join("out", "time_to_target"), help="runs go to OUT/<preset>_<recipe>/<task>")
-    p.add_argument("--results", default=os.path.join("out", "time_to_target"),
-                   help="where time_to_target_<recipe>.md and .json go (`--results results`: the committed ones)")
-    args = p.parse_args(argv)
-    tasks = args.tasks.split(",")
-    bad = [t for t in tasks if t not in TARGETS]
-    if bad:
-        p.error(f"unknown task {bad[0]!r}; valid tasks: {', '.join(TARGETS)}")
-    if args.recipe == "fast" and args.preset != "quick" and not args.from_runs:
-        p.error(f"the fast recipe changes the quick preset; with --preset {args.preset} use --recipe preset")
-    if args.eval_interval < 1:
-        p.error(f"--eval_interval must be >= 1, got {args.eval_interval}")
-    try:  # before the work, not after it
-        runtime.check_out_dir(args.results, "--results")
-    except ValueError as e:
-        p.error(str(e))
-    rows = []
-    for t in tasks:
-        if args.from_runs:
-            out_dir = os.path.join(args.from_runs, f"{t}_transformer")
-            if not os.path.exists(os.path.join(out_dir, "results.json")):
-                p.error(f"no finished run at {out_dir} (results.json missing)")
-        else:
-            out_dir = os.path.join(args.out, f"{args.preset}_{args.recipe}", t)
-            cmd = ["--task", t, "--model", "transformer", "--preset", args.preset, "--stop_at", TARGETS[t],
-                   "--eval_interval", str(args.eval_interval), "--out_dir", out_dir]
-            cmd += (FAST[t] if args.recipe == "fast" else []) + extra
-            print(f"{t}: train.py {' '.join(cmd)}", flush=True)
-            rc = train.main(cmd)
-            if rc != 0:
-                print(f"{t}: train.py failed (exit {rc})")
-                continue
-        with open(os.path.join(out_dir, "results.json")) as f:
-            r = json.load(f)
-        hit, best = first_reached(r["history"], TARGETS[t], t)
-        name = metric(TARGETS[t])
-        rows.append(dict(task=t, target=TARGETS[t], reached=hit is not None, steps=(hit or {}).get("iter"),
-                         time_s=(hit or {}).get("time"), value=(hit or best or {}).get(name), run_steps=r["iters"],
-                         run_time_s=r["wall_time_s"], eval_interval=r["config"]["train"]["eval_interval"],
-                         device=r["device"], out_dir=out_dir,
-                         flags=" ".join(FAST[t]) if args.recipe == "fast" and not args.from_runs else ""))
-    lines = ["| task | target | flags on the preset | reached at step | wall time | value there (best if not reached) "
-             "| run | eval every |", "|---|---|---|---|---|---|---|---|"]
-    for w in rows:
-        at = (f"{w['steps']} | {runtime.fmt_time(w['time_s'])}" if w["reached"] else "not reached | —")
-        lines.append(f"| {w['task']} | {w['target']} | {w['flags'] or '—'} | {at} | {w['value']:.4f} | {w['run_steps']} steps, "
-                     f"{runtime.fmt_time(w['run_time_s'])}, {w['device']} | {w['eval_interval']} |")
-    print("\n".join(lines))
-    name = "time_to_target_" + ("from_runs" if args.from_runs else args.recipe)
-    runtime.write_text(os.path.join(args.results, name + ".md"), "\n".join(lines) + "\n")
-    runtime.write_json(os.path.join(args.results, name + ".json"), rows)
-    return 0
-
-# -----------------------------------------------------------------------------
-
-COMMANDS = {"train": bench_train, "scan": bench_scan, "memory": bench_memory, "time_to_target": time_to_target}
+COMMANDS = {"matmul": bench_matmul, "train": bench_train, "scan": bench_scan, "memory": bench_memory}
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     p = presets.Parser(prog="bench.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
-    p.add_argument("subcommand", choices=list(COMMANDS), help="train: training throughput of every model | scan: "
-                   "mamba.py's scan modes | memory: linear_attn.memory's two forms | time_to_target: steps and time "
-                   "to the paper's level")
+    p.add_argument("subcommand", choices=list(COMMANDS), help="matmul: this CPU and its matmul rates | train: "
+                   "training throughput of every model | scan: mamba.py's scan modes | memory: linear_attn.memory's "
+                   "two forms")
+    if argv[:1] == ["time_to_target"]:
+        p.error("time_to_target is now `python reproduce.py time_to_target`, with the same flags")
     p.parse_args(argv[:1])  # --help, or a missing or unknown subcommand: the subcommand's own flags follow it
     return COMMANDS[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":
-    runtime.cli(main, "bench.py", "each run keeps its last checkpoint" if sys.argv[1:2] == ["time_to_target"]
-              else "nothing was written")
+    runtime.cli(main, "bench.py", "nothing was written")

@@ -75,7 +75,11 @@ TRAIN = {  # name: (default, help); presets and flags override
     "eval_batch_size": (0, "sequences per forward pass at evaluation, which sets its memory, not its sequences (drawn "
                            "250 at a time whatever this is): 0 = auto, the sequences one process trains on per step "
                            "(--batch_size over the torchrun processes)"),
-    "eval_seed": (424242, "seed of the held-out sequences, a different stream from the training batches"),
+    "eval_seed": (424242, "seed of the final evaluation's held-out sequences, a different stream from the training "
+                          "batches"),
+    "eval_seed_during": (-1, "seed of the held-out sequences of the evaluations during training, which --stop_at "
+                             "reads, so that a run never stops on the final evaluation's sequences: "
+                             "-1 = --eval_seed + 1"),
     "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
     "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation "
                               "| log: also copies at log-spaced steps"),
@@ -130,7 +134,10 @@ PRESETS = {
         # 4-8 ALiBi heads for some seeds, training sat on the "any stored value" plateau (loss ln N) for thousands
         "recall": dict(task=dict(n_pairs=8, n_queries=8, key_vocab=32, value_vocab=32, filler=4),
                        train=dict(max_iters=1500, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=250),
-                       transformer=dict(n_layer=2, n_head=16, d_model=128, pos="alibi", train=dict(optimizer="muon")),
+                       # the transformer stops once a check during training (every 100 steps, 500 sequences of
+                       # their own) reaches 99.9%
+                       transformer=dict(n_layer=2, n_head=16, d_model=128, pos="alibi",
+                                        train=dict(optimizer="muon", stop_at="accuracy>=0.999", eval_interval=100)),
                        # Mamba binds with 32 state dimensions per channel and Muon: 100% by step 1,000; with
                        # 16 it sat near 21% (results/mamba.md)
                        mamba=dict(n_layer=2, d_model=128, d_state=32, train=dict(optimizer="muon")),
@@ -172,7 +179,8 @@ PRESETS = {
 PRESETS["cpu_paper_task"] = dict(PRESETS["quick"], recall=dict(
     PRESETS["quick"]["recall"], task=dict(n_pairs=64, n_queries=3, key_vocab=256, value_vocab=256, filler=32),
     train=dict(PRESETS["quick"]["recall"]["train"], max_iters=4000, curriculum="n_pairs=8", curriculum_iters=2000,
-               stop_at="accuracy>=0.99")))
+               stop_at="accuracy>=0.99"),
+    transformer=dict(PRESETS["quick"]["recall"]["transformer"], train=dict(optimizer="muon"))))  # the stop rule above
 
 # reproduce.py --preset tiny: its quick cells for a few steps at toy sizes (tests). Per task: `train` and `task`
 # settings as flags, and of `model` the sizes each model has. Not a train.py preset.
@@ -382,7 +390,15 @@ def check_train(train):
             raise ValueError(f"--{k} must be a finite number, got {train[k]}")
         if not ok(train[k]):
             raise ValueError(f"--{k} must be {want}, got {train[k]}")
+    if train["eval_seed_during"] < -1 or during_seed(train) == train["eval_seed"]:
+        raise ValueError(f"--eval_seed_during must be -1 (--eval_seed + 1) or a seed other than --eval_seed "
+                         f"({train['eval_seed']}), got {train['eval_seed_during']}")
     check_device(train["device"])
+
+
+def during_seed(train):
+    """The seed of the evaluations during training (--eval_seed_during; -1: --eval_seed + 1)."""
+    return train["eval_seed"] + 1 if train["eval_seed_during"] == -1 else train["eval_seed_during"]
 
 
 def check_device(name):

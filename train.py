@@ -6,9 +6,9 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
     python train.py --task bijection --resume                       # continue out/bijection_transformer
     torchrun --nproc_per_node=N train.py ...                        # data-parallel: the same global batch
 
-Settings: defaults < preset < flags (presets.py; `--help` shows the values they take). Recipe: AdamW or Muon;
-warmup, cosine decay, gradient clipping; a fresh seeded batch every step (a growing task under --curriculum);
-held-out evaluations, which can end the run (--stop_at), and checkpoints; results.json. Plumbing: runtime.py.
+Settings: defaults < preset < flags (presets.py; `--help` shows their values). Recipe: AdamW or Muon; warmup, cosine
+decay, clipping; a fresh seeded batch every step (a growing task under --curriculum); held-out checks on sequences of
+their own (--eval_seed_during) can end the run (--stop_at); checkpoints; results.json. Plumbing: runtime.py.
 """
 from dataclasses import asdict, fields, replace
 import math
@@ -20,8 +20,8 @@ import time
 import torch
 
 from oracles import Metrics
-from presets import (IO_FIELDS, MODELS, build_config, check_train, fit_block_size, match_width, parse_args,
-                     resume_config)
+from presets import (IO_FIELDS, MODELS, build_config, check_train, during_seed, fit_block_size, match_width,
+                     parse_args, resume_config)
 from runtime import (CompiledOrEager, Optimizers, autocast, checkpoint, cli, code_version, data_parallel, data_source,
                      fmt_time, global_mean, guarded, load_checkpoint, oom_hint, prepare_out_dir, print0, resume,
                      write_json)
@@ -207,7 +207,7 @@ def held_out(model, fwd, task, train, proc, ctx, at_eval, state):
     if not at_eval:
         return None, None
     proc.save_first(state)
-    r = evaluate(fwd, task, train["eval_samples_during"], train["eval_seed"], proc.device, ctx, proc.eval_batch)
+    r = evaluate(fwd, task, train["eval_samples_during"], during_seed(train), proc.device, ctx, proc.eval_batch)
     if not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):
         return None, "held-out metrics are"
     return {k: v for k, v in r.items() if not isinstance(v, list)}, None
@@ -259,7 +259,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
             dt = time.time() - t_log
             print0(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {batch_mae(stage, batch, out):.4f} bits (batch) "
                    f"| {(it - it_log) * train['batch_size'] * stage.seq_len / dt / 1e3:.1f}k tok/s | lr {lr:.2e} "
-                   f"| eta {fmt_time((T - it) * dt / (it - it_log))}")
+                   f"| eta {fmt_time((T - it) * dt / (it - it_log))}{', or at ' + train['stop_at'] if stop else ''}")
             t_log, it_log = time.time(), it
         if not proc.due(it, at_eval):
             continue

@@ -102,11 +102,11 @@ def test_bench_rejects_unknown_models_and_sizes(capsys):
 
 
 def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path):
-    import bench
+    import reproduce
     out, res = tmp_path / "out", tmp_path / "res"
     tiny = ["--max_iters", "4", "--batch_size", "8", "--n_layer", "1", "--n_head", "2", "--d_model", "16",
             "--eval_samples", "20", "--eval_samples_during", "10", "--device", "cpu"]
-    assert bench.main(["time_to_target", "--tasks", "bijection", "--eval_interval", "2", "--out", str(out),
+    assert reproduce.main(["time_to_target", "--tasks", "bijection", "--eval_interval", "2", "--out", str(out),
                        "--results", str(res), "--", *tiny, "--V", "6"]) == 0
     [row] = json.load(open(res / "time_to_target_fast.json"))
     assert not row["reached"] and row["run_steps"] == 4 and row["eval_interval"] == 2  # 0.01 bits is out of reach
@@ -115,19 +115,68 @@ def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path
     history = [dict(iter=2, time=1.0, mae_curve=0.3), dict(iter=4, time=2.0, mae_curve=0.008)]
     json.dump(dict(history=history, iters=4, wall_time_s=3.0, device="cpu", config=dict(train=dict(eval_interval=2))),
               open(runs / "bijection_transformer" / "results.json", "w"))
-    assert bench.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs), "--results", str(res)]) == 0
+    assert reproduce.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs), "--results", str(res)]) == 0
     [row] = json.load(open(res / "time_to_target_from_runs.json"))
     assert row["reached"] and row["steps"] == 4 and row["time_s"] == 2.0 and row["value"] == 0.008
 
 
 def test_time_to_target_rejects_unknown_tasks_and_missing_runs(tmp_path, capsys):
-    import bench
+    import reproduce
     for argv, msg in ((["--tasks", "hop"], "unknown task 'hop'; valid tasks: bijection"),
                       (["--preset", "paper"], "the fast recipe changes the quick preset"),
                       (["--from_runs", str(tmp_path)], "no finished run at")):
         with pytest.raises(SystemExit) as e:
-            bench.main(["time_to_target", *argv])
+            reproduce.main(["time_to_target", *argv])
         assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps(dict(history=[], iters=0)), json.dumps([1, 2]),
+                                     json.dumps(dict(iters=4))])
+def test_time_to_target_from_a_run_without_history_or_a_corrupt_file_is_one_line(tmp_path, capsys, content):
+    import reproduce
+    os.makedirs(tmp_path / "bijection_transformer")
+    (tmp_path / "bijection_transformer" / "results.json").write_text(content)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(tmp_path),
+                        "--results", str(tmp_path / "res")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "not a train.py run to read" in err, err
+    assert not (tmp_path / "res" / "time_to_target_from_runs.json").exists()
+
+
+def test_time_to_target_counts_training_sequences_and_bench_points_to_it(tmp_path, capsys):
+    import bench
+    import reproduce
+    os.makedirs(tmp_path / "recall_transformer")
+    history = [dict(iter=100, time=9.0, accuracy=0.5), dict(iter=300, time=30.0, accuracy=0.995)]
+    json.dump(dict(history=history, iters=300, wall_time_s=31.0, device="cpu",
+                   config=dict(train=dict(eval_interval=100, batch_size=64))),
+              open(tmp_path / "recall_transformer" / "results.json", "w"))
+    assert reproduce.main(["time_to_target", "--tasks", "recall", "--from_runs", str(tmp_path),
+                           "--results", str(tmp_path)]) == 0
+    [row] = json.load(open(tmp_path / "time_to_target_from_runs.json"))
+    assert row["steps"] == 300 and row["sequences"] == 300 * 64 and row["batch_size"] == 64
+    assert "| 300 | 19,200 (64 a step) | 0m30s |" in open(tmp_path / "time_to_target_from_runs.md").read()
+    with pytest.raises(SystemExit) as e:
+        bench.main(["time_to_target"])
+    assert e.value.code == 2 and "python reproduce.py time_to_target" in capsys.readouterr().err
+
+
+def test_bench_names_the_cpu_and_scales_times_by_the_matmul_rate(tmp_path, capsys, monkeypatch):
+    import bench
+    monkeypatch.setattr(bench, "cpu_flags", lambda: ("Some CPU", {"avx2", "avx512f", "avx512_bf16"}))
+    assert bench.main(["matmul", "--threads", "1", "--n", "64", "--reps", "1", "--ref_gflops", "1e-9",
+                       "--json", str(tmp_path / "m.json")]) == 0
+    m = json.load(open(tmp_path / "m.json"))
+    assert (m["cpu"], m["isa"], m["bf16"], m["threads"]) == ("Some CPU", "AVX-512", "avx512_bf16", 1)
+    assert m["matmul_gflops"] > 0 and m["time_factor"] == pytest.approx(1e-9 / m["matmul_gflops"])
+    assert f"CPU: Some CPU, AVX-512, avx512_bf16: {m['matmul_gflops']} GFLOP/s fp32 matmul on 1 threads" \
+        in capsys.readouterr().out
+    monkeypatch.setattr(bench, "cpu_flags", lambda: ("Other", {"avx2", "amx_tile", "amx_bf16", "avx512f"}))
+    assert bench.machine(1, n=32, reps=1)["isa"] == "AMX"
+    monkeypatch.setattr(bench, "cpu_flags", lambda: ("Old", {"avx2"}))
+    assert bench.machine(1, n=32, reps=1)["bf16"] == "no native bf16"
+    assert bench.scaled_time(60.0, 188.0, 47.0) == 240.0  # a quarter of the rate: four times the wall time
 
 
 @pytest.mark.parametrize("argv, expect", [
@@ -158,19 +207,19 @@ def test_benches_exit_2_when_every_row_failed(cmd):
 
 
 def test_time_to_target_writes_under_out_unless_told_and_checks_results_first(tmp_path, monkeypatch, capsys):
-    import bench
+    import reproduce
     runs = tmp_path / "runs"
     os.makedirs(runs / "bijection_transformer")
     history = [dict(iter=2, time=1.0, mae_curve=0.3)]
     json.dump(dict(history=history, iters=2, wall_time_s=1.0, device="cpu", config=dict(train=dict(eval_interval=2))),
               open(runs / "bijection_transformer" / "results.json", "w"))
     monkeypatch.chdir(tmp_path)
-    assert bench.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs)]) == 0
+    assert reproduce.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs)]) == 0
     assert (tmp_path / "out" / "time_to_target" / "time_to_target_from_runs.json").exists()
     assert not (tmp_path / "results").exists()
     (tmp_path / "f").write_text("x")
     with pytest.raises(SystemExit) as e:
-        bench.main(["time_to_target", "--tasks", "bijection", "--results", "f/r"])
+        reproduce.main(["time_to_target", "--tasks", "bijection", "--results", "f/r"])
     assert e.value.code == 2 and "--results f/r: cannot write there" in capsys.readouterr().err
 
 

@@ -208,6 +208,35 @@ def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
     assert b["iters"] == 12 and [h["iter"] for h in b["history"]] == [4, 8, 12]
 
 
+def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp_path, monkeypatch, capsys):
+    calls, real = [], train.evaluate
+
+    def spy(model, task, n_samples, seed, *a, **kw):
+        r = real(model, task, n_samples, seed, *a, **kw)
+        calls.append((n_samples, seed, task.sample(n_samples, torch.Generator().manual_seed(seed)).x))
+        if n_samples == 10:  # a check during training: below the rule, then at it
+            r["accuracy"] = [0.5, 0.9995][sum(c[0] == 10 for c in calls) - 1]
+        return r
+    monkeypatch.setattr(train, "evaluate", spy)
+    argv = ["--task", "recall", "--n_pairs", "4", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8",
+            "--filler", "2", "--n_layer", "1", "--d_model", "16", "--n_head", "2", "--batch_size", "8",
+            "--max_iters", "12", "--eval_interval", "4", "--log_interval", "4", "--eval_samples", "20",
+            "--eval_samples_during", "10", "--out_dir", str(tmp_path)]  # the preset's --stop_at accuracy>=0.999
+    assert run_main(argv) == 0
+    r = json.load(open(tmp_path / "results.json"))
+    assert r["iters"] == 8 and [h["accuracy"] for h in r["history"]] == [0.5, 0.9995]
+    out = capsys.readouterr().out
+    assert "reached accuracy>=0.999 at step 8" in out and "/12 | loss" in out
+    assert all(line.endswith(", or at accuracy>=0.999") for line in out.splitlines() if "| eta " in line)
+    (n1, s1, x1), (n2, s2, x2), (n3, s3, x3) = calls  # two checks, then the final evaluation once
+    assert (n1, n2, n3) == (10, 10, 20) and s1 == s2 == 424243 and s3 == r["config"]["train"]["eval_seed"] == 424242
+    assert r["metrics"]["default"]["accuracy"] < 0.999  # the final figure is the final evaluation's own
+    assert not any(torch.equal(a, b) for a in x1 for b in x3)  # no check sequence is one of the final evaluation's
+    assert presets.layered("recall", "transformer", "quick")[0]["stop_at"] == "accuracy>=0.999"
+    assert presets.layered("recall", "transformer", "cpu_paper_task")[0]["stop_at"] == "accuracy>=0.99"
+    assert presets.layered("recall", "mamba", "quick")[0]["stop_at"] == ""
+
+
 @pytest.mark.parametrize("argv, expect", [
     (["--task", "nope"], "invalid choice: 'nope' (choose from 'bijection', 'hmm', 'regression', 'recall', 'hop')"),
     (["--model", "rnn"], "invalid choice: 'rnn'"),
@@ -227,6 +256,8 @@ def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
     (["--task", "bijection", "--stop_at", "mae<=0.1"], "expected METRIC<=X or METRIC>=X"),
     (["--task", "regression", "--stop_at", "accuracy>=0.9"], "regression has no accuracy"),
     (["--task", "bijection", "--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+    (["--eval_seed_during", "424242"], "--eval_seed_during must be -1 (--eval_seed + 1) or a seed other than"),
+    (["--eval_seed", "7", "--eval_seed_during", "-2"], "--eval_seed_during must be -1"),
     (["--task", "bijection", "--data_chunk", "-1"], "--data_chunk must be >= 0"),
     (["--task", "bijection", "--data_device", "gpu"], "invalid choice: 'gpu' (choose from 'auto', 'cpu', 'device')"),
     (["--task", "bijection", "--optimizer", "sgd"], "invalid choice: 'sgd' (choose from 'adamw', 'muon')"),
