@@ -73,8 +73,8 @@ TRAIN = {  # name: (default, help); presets and flags override
     "eval_samples": (2000, "held-out sequences in the final evaluation"),
     "eval_samples_during": (500, "held-out sequences in the evaluations during training"),
     "eval_batch_size": (0, "sequences per forward pass at evaluation, which sets its memory, not its sequences (drawn "
-                           "250 at a time whatever this is): 0 = auto, the sequences one process trains on per step "
-                           "(--batch_size over the torchrun processes)"),
+                           "250 at a time whatever this is): 0 = auto, on a GPU or Mac the sequences one process "
+                           "trains on per step (--batch_size over the torchrun processes), on a CPU 250"),
     "eval_seed": (424242, "seed of the final evaluation's held-out sequences, a different stream from the training "
                           "batches"),
     "eval_seed_during": (-1, "seed of the held-out sequences of the evaluations during training, which --stop_at "

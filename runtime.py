@@ -467,8 +467,10 @@ class Proc:
         self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
         self.lock, self.aside = None, False  # rank 0's lock on out_dir; an old run set aside by --overwrite
         self.solo = False  # rank 0 works alone while the others wait for its word (alone, verdict)
-        # sequences per forward pass at evaluation: --eval_batch_size, or this process's share of a training batch
-        self.eval_batch = train.get("eval_batch_size") or max(1, train["batch_size"] // world)
+        # sequences per forward pass at evaluation: --eval_batch_size; auto: on a GPU or Mac, whose memory is the
+        # limit, this process's share of a training batch; on a CPU the whole draw of 250, as before the option
+        auto = 250 if torch.device(device).type == "cpu" else max(1, train["batch_size"] // world)
+        self.eval_batch = train.get("eval_batch_size") or auto
 
     def alone(self):
         """True on rank 0, which from here works alone (evaluates, writes) while the other ranks wait for its
