@@ -230,6 +230,14 @@ def figure(task, rows, path):
     return True
 
 
+def steps(r):
+    """A cell's steps, saying so where its stop rule ended it before its schedule (a cell is a full schedule or
+    labelled as stopped)."""
+    train = r.get("config", {}).get("train", {})
+    stopped = train.get("stop_at") and r["iters"] < train.get("max_iters", r["iters"])
+    return f"{r['iters']} (stopped at {train['stop_at']})" if stopped else str(r["iters"])
+
+
 def write_table(preset, tasks, models, out_root, results_dir, status):
     """results_dir/table.md from every cell's results.json; returns its path. Per task, each model's entropy MAE
     in both conventions, KL, accuracy, parameters and training time beside the paper's numbers, and a figure of
@@ -260,7 +268,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
             m = r["metrics"]["default"]
             other = ", ".join(f"{k}: {fmt(v['mae_token'])}" for k, v in r["metrics"].items() if k != "default")
             lines.append(f"| {model} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
-                         f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {r['iters']} "
+                         f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {steps(r)} "
                          f"| {runtime.fmt_time(r['wall_time_s'])} | {r['device']} |")
         slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
                  if "accuracy_by_slot" in r["metrics"]["default"]]

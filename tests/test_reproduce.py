@@ -226,3 +226,10 @@ def test_a_full_disk_is_one_line_and_keeps_the_table_written_before(tmp_path, mo
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{tmp_path / 'r' / 'table.md'}: No space left on device" in err, err
     assert (tmp_path / "r" / "table.md").read_text() == table and os.listdir(tmp_path / "r") == ["table.md"]
+
+
+def test_a_cell_stopped_by_its_rule_says_so_in_the_table():
+    r = dict(iters=400, config=dict(train=dict(max_iters=1500, stop_at="accuracy>=0.999")))
+    assert reproduce.steps(r) == "400 (stopped at accuracy>=0.999)"
+    assert reproduce.steps(dict(r, iters=1500)) == "1500"  # the rule met at the last step: a full schedule
+    assert reproduce.steps(dict(iters=1500, config=dict(train=dict(max_iters=1500, stop_at="")))) == "1500"
