@@ -154,7 +154,8 @@ def parse_kernel_args(p, argv):
 
 def parser(command, fn):
     """The subcommand's flags parser; its description is the first paragraph of fn's docstring."""
-    return presets.Parser(prog=f"bench.py {command}", description=fn.__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
+    return presets.Parser(prog=f"bench.py {command}", description=fn.__doc__.split("\n\n")[0].strip(),
+                          allow_abbrev=False)
 
 # -----------------------------------------------------------------------------
 # matmul: this CPU, and the rate that carries a wall time to another CPU
@@ -219,7 +220,8 @@ def cudnn_rnn_flops(x, weights):
 
 
 aten = torch.ops.aten
-EXTRA_FLOPS = {  # ops the flop counter does not count (CPU attention, mkldnn and cuDNN LSTMs) or miscounts (grouped conv backward)
+# ops the flop counter does not count (CPU attention, mkldnn and cuDNN LSTMs) or miscounts (grouped conv backward)
+EXTRA_FLOPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *a, **kw: sdpa_flop_count(q, k, v),
     aten._scaled_dot_product_flash_attention_for_cpu_backward:
         lambda g, q, k, v, *a, **kw: sdpa_backward_flop_count(g, q, k, v),
@@ -269,7 +271,8 @@ def measure_train(task_name, model_name, size, args):
     """One (model, size) in this process: the numbers of one row."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    given = {"device": args.device, "data_chunk": args.data_chunk} | ({"batch_size": args.batch_size} if args.batch_size else {})
+    given = ({"device": args.device, "data_chunk": args.data_chunk}
+             | ({"batch_size": args.batch_size} if args.batch_size else {}))
     cfg = presets.build_config(task_name, model_name, size, given)
     dev = runtime.pick_device(args.device)
     task, _, model, opt, _ = train.build(cfg, dev)
@@ -343,8 +346,10 @@ def bench_train(argv):
       projections, the convolution, norms, head and optimizer.
     """
     p = parser("train", bench_train)
-    p.add_argument("--task", default="hmm", choices=list(presets.TASKS), help="the task whose sizes and batches to use (default hmm)")
-    p.add_argument("--models", default=",".join(presets.MODELS), help=f"comma-separated (default {','.join(presets.MODELS)})")
+    p.add_argument("--task", default="hmm", choices=list(presets.TASKS),
+                   help="the task whose sizes and batches to use (default hmm)")
+    p.add_argument("--models", default=",".join(presets.MODELS),
+                   help=f"comma-separated (default {','.join(presets.MODELS)})")
     p.add_argument("--sizes", default="quick,paper", help="comma-separated presets (default quick,paper)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default auto)")
     p.add_argument("--dtype", default="auto", choices=list(presets.CHOICES["dtype"]),
@@ -386,8 +391,9 @@ def bench_train(argv):
     rows = []
     for model in models:
         for size in sizes:
-            m, failed = in_fresh_process("train", (model, size), args, ("task", "device", "dtype", "threads", "batch_size",
-                                                                       "data_chunk", "reps", "warmup", "peak_n"),
+            m, failed = in_fresh_process("train", (model, size), args,
+                                         ("task", "device", "dtype", "threads", "batch_size",
+                                          "data_chunk", "reps", "warmup", "peak_n"),
                                          ["--compile"] * args.compile)
             if failed:
                 print(f"{model:<12} {size:<6} failed: {failed}")
@@ -436,7 +442,8 @@ def measure_scan(mode, L, args):
         for t in inputs.values():
             t.grad = None
 
-    small = {k: (v[..., :8] if k in ("u", "delta", "B", "C", "z") else v).detach().requires_grad_() for k, v in inputs.items()}
+    small = {k: (v[..., :8] if k in ("u", "delta", "B", "C", "z") else v).detach().requires_grad_()
+             for k, v in inputs.items()}
     y = selective_scan(**small, delta_softplus=True, mode=mode)
     # lazy initialisation (cuBLAS's workspace, which the backward's matmuls create) stays out of the baseline
     y.backward(torch.ones_like(y))
@@ -511,7 +518,8 @@ def measure_memory(rule, mode, chunk, T, args):
         for t in x.values():
             t.grad = None
 
-    step({k: v[:, :, :8].detach().requires_grad_() for k, v in inputs.items()})  # lazy initialisation stays out of the baseline
+    # lazy initialisation stays out of the baseline
+    step({k: v[:, :, :8].detach().requires_grad_() for k, v in inputs.items()})
     t, peak_mb = time_and_peak(lambda: step(inputs), dev, args.warmup, args.reps)
     return dict(time=t, peak_mb=peak_mb)
 
@@ -528,9 +536,11 @@ def bench_memory(argv):
     p.add_argument("--H", type=int, default=4, help="heads (default 4)")
     p.add_argument("--d_k", type=int, default=32, help="key dimension (default 32)")
     p.add_argument("--d_v", type=int, default=32, help="value dimension (default 32)")
-    p.add_argument("--T", type=int, nargs="+", default=[256, 1024, 4096], help="sequence lengths (default 256 1024 4096)")
+    p.add_argument("--T", type=int, nargs="+", default=[256, 1024, 4096],
+                   help="sequence lengths (default 256 1024 4096)")
     p.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES, help="rules to compare (default all)")
-    p.add_argument("--chunk_size", type=int, nargs="+", default=[0], help="chunk lengths to try; 0 = per rule (default 0)")
+    p.add_argument("--chunk_size", type=int, nargs="+", default=[0],
+                   help="chunk lengths to try; 0 = per rule (default 0)")
     p.add_argument("--decay", type=float, default=1.0, help="hebbian decay (default 1)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="default float32")
     p.add_argument("--one", nargs=4, metavar=("RULE", "MODE", "CHUNK", "T"), help=argparse.SUPPRESS)  # internal
@@ -558,7 +568,8 @@ def bench_memory(argv):
                 n_ok += 1
                 ref = m if mode == "recurrent" else ref
                 ratio = f"{m['time'] / ref['time']:6.2f}" if ref else f"{'-':>6}"
-                print(f"{rule:<8} {T:>5}  {mode:<9} {shown:>5} {m['time']:8.3f} {ratio} {m['peak_mb']:8.0f}", flush=True)
+                print(f"{rule:<8} {T:>5}  {mode:<9} {shown:>5} {m['time']:8.3f} {ratio} {m['peak_mb']:8.0f}",
+                      flush=True)
     if not n_ok:
         p.exit(2, f"{p.prog}: error: every measurement failed (see the reasons above)\n")
     return 0

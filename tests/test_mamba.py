@@ -72,8 +72,9 @@ def test_reference_loop_matches_brute_force():
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype,l,tol", [(torch.float64, 1, 1e-12), (torch.float64, 7, 1e-12), (torch.float64, 50, 1e-12),
-                                         (torch.float64, 130, 1e-12), (torch.float32, 7, 1e-5), (torch.float32, 50, 1e-5),
+@pytest.mark.parametrize("dtype,l,tol", [(torch.float64, 1, 1e-12), (torch.float64, 7, 1e-12),
+                                         (torch.float64, 50, 1e-12), (torch.float64, 130, 1e-12),
+                                         (torch.float32, 7, 1e-5), (torch.float32, 50, 1e-5),
                                          (torch.float32, 130, 1e-5)])
 def test_chunked_matches_sequential(dtype, l, tol):
     # blocks of 1, 3, 16, 32 (the default) and 200 steps: none of 7, 50, 130 is a multiple of 3, 16 or 32, so
@@ -161,7 +162,9 @@ def test_scan_stores_no_per_step_states():
 def test_linear_scan_matches_loop(reverse):
     g = torch.Generator().manual_seed(0)
     for T in (1, 2, 5, 9, 10, 17):
-        a, x, h0 = torch.rand(T, 2, 3, 4, generator=g, dtype=torch.float64), torch.randn(T, 2, 3, 4, generator=g, dtype=torch.float64), torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+        a, x, h0 = (torch.rand(T, 2, 3, 4, generator=g, dtype=torch.float64),
+                    torch.randn(T, 2, 3, 4, generator=g, dtype=torch.float64),
+                    torch.randn(2, 3, 4, generator=g, dtype=torch.float64))
         want, h = torch.empty_like(x), h0
         for t in (reversed(range(T)) if reverse else range(T)):
             h = want[t] = a[t] * h + x[t]
@@ -199,7 +202,8 @@ def test_long_sequence_is_finite(mode):
 @pytest.mark.parametrize("mode", SCAN_MODES)
 def test_bf16_inputs_compute_in_float32(mode):
     x = scan_inputs(2, 4, 3, 20, torch.float32)
-    low = {k: v.bfloat16() if k in ("u", "delta", "B", "C", "z") else v for k, v in x.items()}  # A, D, bias stay float32
+    # A, D, bias stay float32
+    low = {k: v.bfloat16() if k in ("u", "delta", "B", "C", "z") else v for k, v in x.items()}
     y, last = selective_scan(**low, delta_softplus=True, return_last_state=True, mode=mode)
     up = {k: v.float() for k, v in low.items()}
     y32, last32 = selective_scan(**up, delta_softplus=True, return_last_state=True, mode=mode)
@@ -224,7 +228,8 @@ def test_bad_scan_inputs_raise():
 
 
 def tiny_config(**kw):
-    return MambaConfig(**dict(dict(vocab_size=12, n_classes=5, answer_offset=7, d_model=16, n_layer=2, d_state=4), **kw))
+    return MambaConfig(**dict(dict(vocab_size=12, n_classes=5, answer_offset=7, d_model=16, n_layer=2, d_state=4),
+                              **kw))
 
 
 def block_params(d_model, d_state, d_conv, expand, norm_params):
@@ -267,7 +272,8 @@ def test_model_is_causal(scan, kind):
     if kind == "reals":
         config, x = tiny_config(vocab_size=0, n_features=6, gaussian=True, scan=scan), torch.randn(3, T, 6, generator=g)
     elif kind == "n_pos_y_norm":  # shared position rows past n_pos, LayerNorm on y
-        config, x = tiny_config(scan=scan, pos="learned", n_pos=5, y_norm=True), torch.randint(0, 12, (3, T), generator=g)
+        config, x = (tiny_config(scan=scan, pos="learned", n_pos=5, y_norm=True),
+                     torch.randint(0, 12, (3, T), generator=g))
     else:
         config = tiny_config(scan=scan, pos="learned" if kind == "learned_pos" else "none", block_size=T)
         x = torch.randint(0, 12, (3, T), generator=g)
@@ -278,7 +284,8 @@ def test_model_is_causal(scan, kind):
         assert out.shape == (3, T, 2 if config.gaussian else 5)
         for t in (0, 7, 15, T - 2):
             x2, shape = x.clone(), x[:, t + 1:].shape
-            x2[:, t + 1:] = torch.randn(shape, generator=g) if kind == "reals" else torch.randint(0, 12, shape, generator=g)
+            x2[:, t + 1:] = (torch.randn(shape, generator=g) if kind == "reals"
+                             else torch.randint(0, 12, shape, generator=g))
             out2 = model(x2)
             torch.testing.assert_close(out2[:, :t + 1], out[:, :t + 1], rtol=0, atol=1e-6)
             assert not torch.allclose(out2[:, t + 1:], out[:, t + 1:])
@@ -293,7 +300,8 @@ def test_model_modes_agree_and_internals():
     torch.testing.assert_close(model(x), out, rtol=1e-5, atol=1e-5)
     assert len(rec["layers"]) == 2 and rec["final"].shape == (2, 30, 16)
     r = rec["layers"][1]
-    assert r["x"].shape == (2, 30, 16) and r["delta"].shape == (2, 30, 32) and r["B"].shape == r["C"].shape == (2, 30, 4)
+    assert (r["x"].shape == (2, 30, 16) and r["delta"].shape == (2, 30, 32)
+            and r["B"].shape == r["C"].shape == (2, 30, 4))
     assert (r["delta"] > 0).all()
     skipped = model(x, skip_layers=(0, 1))
     emb = model.norm_f(model.wte(x))
@@ -365,9 +373,9 @@ def test_trains_through_train_py(tmp_path, monkeypatch):
     monkeypatch.setitem(presets.MODELS, "mamba", (MambaConfig, Mamba))
     helps = presets.field_help(MambaConfig)
     assert all(helps.get(f) for f in MambaConfig.__dataclass_fields__), "every config field needs a # help comment"
-    rc = train.main(["--task", "bijection", "--model", "mamba", "--V", "6", "--L", "5", "--d_model", "16", "--n_layer", "1",
-                     "--max_iters", "3", "--log_interval", "3", "--eval_interval", "3", "--eval_samples", "20",
-                     "--eval_samples_during", "20", "--out_dir", str(tmp_path)])
+    rc = train.main(["--task", "bijection", "--model", "mamba", "--V", "6", "--L", "5", "--d_model", "16",
+                     "--n_layer", "1", "--max_iters", "3", "--log_interval", "3", "--eval_interval", "3",
+                     "--eval_samples", "20", "--eval_samples_during", "20", "--out_dir", str(tmp_path)])
     assert rc == 0 and (tmp_path / "results.json").exists()
 
 

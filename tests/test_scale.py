@@ -115,7 +115,8 @@ def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path
     history = [dict(iter=2, time=1.0, mae_curve=0.3), dict(iter=4, time=2.0, mae_curve=0.008)]
     json.dump(dict(history=history, iters=4, wall_time_s=3.0, device="cpu", config=dict(train=dict(eval_interval=2))),
               open(runs / "bijection_transformer" / "results.json", "w"))
-    assert reproduce.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs), "--results", str(res)]) == 0
+    assert reproduce.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs),
+                           "--results", str(res)]) == 0
     [row] = json.load(open(res / "time_to_target_from_runs.json"))
     assert row["reached"] and row["steps"] == 4 and row["time_s"] == 2.0 and row["value"] == 0.008
 

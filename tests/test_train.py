@@ -30,11 +30,13 @@ def test_a_few_steps_lower_the_loss():
 
 @pytest.mark.parametrize("name", ["hmm", "regression", "recall"])
 def test_every_task_runs_and_writes_results(tmp_path, name):
-    small = dict(hmm=["--K", "4", "--n_states", "3", "--n_obs", "3", "--eval_K", "6"], regression=["--K", "4", "--d", "2"],
-                 recall=["--n_pairs", "4", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8", "--filler", "2"])
+    small = dict(hmm=["--K", "4", "--n_states", "3", "--n_obs", "3", "--eval_K", "6"],
+                 regression=["--K", "4", "--d", "2"],
+                 recall=["--n_pairs", "4", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8",
+                         "--filler", "2"])
     argv = ["--task", name, "--max_iters", "4", "--eval_interval", "2", "--log_interval", "2", "--n_layer", "1",
-            "--d_model", "16", "--n_head", "2", "--batch_size", "8", "--eval_samples", "20", "--eval_samples_during", "10",
-            "--out_dir", str(tmp_path)] + small[name]
+            "--d_model", "16", "--n_head", "2", "--batch_size", "8", "--eval_samples", "20",
+            "--eval_samples_during", "10", "--out_dir", str(tmp_path)] + small[name]
     assert run_main(argv) == 0
     r = json.load(open(tmp_path / "results.json"))
     assert r["iters"] == 4 and r["n_params"] > 0 and len(r["history"]) == 2
@@ -48,7 +50,8 @@ def run_and_resume(tmp_path, argv, task="bijection"):
     """Run argv (12 steps, an evaluation every 6) into a/, resume its step-6 snapshot in b/ as if the run had
     stopped there, check both end with the same model; returns a, b."""
     a, b = tmp_path / "a", tmp_path / "b"
-    assert run_main(argv + ["--max_iters", "12", "--eval_interval", "6", "--out_dir", str(a), "--ckpt_schedule", "eval"]) == 0
+    assert run_main(argv + ["--max_iters", "12", "--eval_interval", "6", "--out_dir", str(a),
+                            "--ckpt_schedule", "eval"]) == 0
     os.makedirs(b)
     os.replace(a / "ckpt_0000006.pt", b / "ckpt.pt")
     assert run_main(["--task", task, "--resume", "--out_dir", str(b)]) == 0
@@ -143,7 +146,8 @@ def test_resuming_a_gpu_drawn_run_on_a_cpu_reseeds_the_batches(tmp_path, capsys)
 
 
 def test_eval_only_and_log_spaced_checkpoints(tmp_path):
-    assert run_main(TINY + ["--max_iters", "12", "--eval_interval", "12", "--ckpt_schedule", "log", "--out_dir", str(tmp_path)]) == 0
+    assert run_main(TINY + ["--max_iters", "12", "--eval_interval", "12", "--ckpt_schedule", "log",
+                            "--out_dir", str(tmp_path)]) == 0
     assert sorted(p for p in os.listdir(tmp_path) if p.startswith("ckpt_")) == \
         [f"ckpt_{i:07d}.pt" for i in (1, 2, 3, 6, 10)]
     assert run_main(["--task", "bijection", "--eval_only", "--out_dir", str(tmp_path), "--eval_samples", "30"]) == 0
@@ -165,8 +169,8 @@ def test_eval_only_on_weights_that_are_not_finite_exits_1_without_an_eval_json(t
 
 def test_eval_only_beyond_the_trained_context_is_a_clear_error(tmp_path, capsys):
     argv = ["--task", "hmm", "--K", "3", "--n_layer", "1", "--n_head", "2", "--d_model", "16", "--max_iters", "2",
-            "--pos", "learned", "--n_pos", "0", "--eval_interval", "2", "--eval_K", "4", "--eval_samples", "10", "--eval_samples_during", "10",
-            "--out_dir", str(tmp_path)]
+            "--pos", "learned", "--n_pos", "0", "--eval_interval", "2", "--eval_K", "4", "--eval_samples", "10",
+            "--eval_samples_during", "10", "--out_dir", str(tmp_path)]
     assert run_main(argv) == 0
     assert run_main(["--task", "hmm", "--eval_only", "--out_dir", str(tmp_path), "--eval_K", "9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -276,9 +280,11 @@ def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp
     (["--device", "nonsense"], "--device 'nonsense': expected auto, cpu, cuda, cuda:N or mps"),
     (["--rule", "delta"], "--rule is an option of --model linear_attn only"),
     (["--resume", "--overwrite"], "--overwrite starts a new run"),
-    (["--task", "recall", "--curriculum", "pairs=2"], "expected NAME=START with NAME an integer option of recall: n_pairs"),
+    (["--task", "recall", "--curriculum", "pairs=2"],
+     "expected NAME=START with NAME an integer option of recall: n_pairs"),
     (["--task", "recall", "--curriculum", "n_pairs=0"], "START must be in [1, 8] (recall's n_pairs)"),
-    (["--task", "recall", "--curriculum", "n_pairs=4"], "refuses its first stage: recall: n_queries=8 must be <= n_pairs=4"),
+    (["--task", "recall", "--curriculum", "n_pairs=4"],
+     "refuses its first stage: recall: n_queries=8 must be <= n_pairs=4"),
     (["--task", "hmm", "--curriculum", "n_obs=2"], "n_obs changes the model's inputs or outputs"),
     (["--task", "recall", "--curriculum", "n_pairs=6", "--n_queries", "3", "--curriculum_iters", "-1"],
      "--curriculum_iters must be >= 0"),
@@ -414,7 +420,8 @@ def test_train_all_queries_trains_on_every_key_and_evaluates_the_task(tmp_path):
     r = json.loads((tmp_path / "results.json").read_text())
     assert r["task_options"]["n_queries"] == 2 and r["config"]["train"]["train_all_queries"]
     with pytest.raises(ValueError, match="--train_all_queries is an option of --task recall"):
-        train.build(presets.build_config("hmm", "transformer", "quick", dict(train_all_queries=True)), torch.device("cpu"))
+        train.build(presets.build_config("hmm", "transformer", "quick", dict(train_all_queries=True)),
+                    torch.device("cpu"))
 
 
 def test_resume_with_more_steps_keeps_the_curriculum_schedule():
