@@ -148,7 +148,7 @@ def test_ctrl_c_stops_the_sweep_with_one_line_on_the_console(tmp_path):
     p = subprocess.Popen([sys.executable, "reproduce.py", "--preset", "tiny", "--tasks", "bijection", "--models",
                           "transformer,mlp", "--out", str(tmp_path / "o"), "--", "--max_iters", "100000"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=os.environ | {"OMP_NUM_THREADS": "1"})
+                         env=os.environ | {"OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c_as_in_a_terminal)
     log = tmp_path / "o" / "tiny" / "bijection_transformer" / "train.log"
     while p.poll() is None and not (log.exists() and "eval step" in log.read_text()):  # the first checkpoint
         time.sleep(0.1)
@@ -233,3 +233,9 @@ def test_a_cell_stopped_by_its_rule_says_so_in_the_table():
     assert reproduce.steps(r) == "400 (stopped at accuracy>=0.999)"
     assert reproduce.steps(dict(r, iters=1500)) == "1500"  # the rule met at the last step: a full schedule
     assert reproduce.steps(dict(iters=1500, config=dict(train=dict(max_iters=1500, stop_at="")))) == "1500"
+
+
+def ctrl_c_as_in_a_terminal():
+    """SIGINT's default action in the child, as a terminal gives it: a test run started in the background (`cmd &`)
+    ignores SIGINT, which the child, and so Python's KeyboardInterrupt, would inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -204,7 +204,7 @@ def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path, sig
     argv = [sys.executable, "train.py"] + TINY + ["--max_iters", "100000", "--eval_interval", "5",
                                                   "--log_interval", "5", "--out_dir", str(tmp_path)]
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=os.environ | {"OMP_NUM_THREADS": "1"})
+                         env=os.environ | {"OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c_as_in_a_terminal)
     seen = False
     for line in p.stdout:  # wait for the first checkpoint: the progress line after the first evaluation
         if seen:
@@ -359,3 +359,9 @@ def test_every_rank_stops_when_rank_0_cannot_take_the_folder(tmp_path):
     assert [p.returncode for p in ranks] == [1, 1] and all(len(e.strip().splitlines()) == 1 for e in errs), errs
     assert f"in use by another run (pid {owner.pid}" in errs[0] and "rank 1 stops" in errs[1]
     assert os.listdir(tmp_path / "run") == [".lock"]
+
+
+def ctrl_c_as_in_a_terminal():
+    """SIGINT's default action in the child, as a terminal gives it: a test run started in the background (`cmd &`)
+    ignores SIGINT, which the child, and so Python's KeyboardInterrupt, would inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
