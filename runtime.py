@@ -108,22 +108,14 @@ def data_parallel(model, device, world):
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
 
 
-def rank0s(verdict, world, device):
-    """Rank 0's verdict after an evaluation (go on, reached, diverged), on every rank."""
+def rank0s(value, choices, world, device):
+    """Rank 0's value, one of choices (a verdict of VERDICTS after an evaluation; whether it took the run's
+    folder), on every rank."""
     if world == 1:
-        return verdict
-    t = torch.tensor([VERDICTS.index(verdict)], device=device)
+        return value
+    t = torch.tensor([choices.index(value)], device=device)
     dist.broadcast(t, 0)
-    return VERDICTS[int(t.item())]
-
-
-def rank0_agrees(ok, world, device):
-    """Rank 0's ok (e.g. it holds the run's folder), on every rank."""
-    if world == 1:
-        return ok
-    t = torch.tensor([int(ok)], device=device)
-    dist.broadcast(t, 0)
-    return bool(t.item())
+    return choices[int(t.item())]
 
 
 def global_mean(x, world):
@@ -409,7 +401,7 @@ def prepare_out_dir(train, resumed, proc):
         if not refused and settle_aside(out_dir, keep_new=os.path.exists(os.path.join(out_dir, "ckpt.pt"))):
             print0(f"{out_dir}: put back the run that an --overwrite run killed before its first checkpoint "
                    f"had set aside")
-    if not rank0_agrees(refused is None, proc.world, proc.device):  # the other ranks stop too, not wait for it
+    if not rank0s(refused is None, (False, True), proc.world, proc.device):  # the other ranks stop too, not wait for it
         raise refused or ValueError(f"rank 0 could not take {out_dir} (its line says why): rank {proc.rank} stops")
     if not resumed and not train["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
         raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
@@ -481,7 +473,7 @@ class Proc:
     def verdict(self, v):
         """Rank 0's word v (one of VERDICTS) on every rank."""
         self.solo = False
-        return rank0s(v, self.world, self.device)
+        return rank0s(v, VERDICTS, self.world, self.device)
 
     def save_first(self, state):
         """ckpt.pt (state(): its contents) before the run's first evaluation, so that a failure there keeps it."""
