@@ -11,10 +11,10 @@ Speed and memory, one subcommand each (`python bench.py SUBCOMMAND --help`: its 
     python bench.py memory --rules oja --chunk_size 8 16 32 64    # choose a chunk length
 
 Every subcommand prints the CPU beside its times (machine(): name, AVX2 / AVX-512 / AMX, native bf16, fp32
-matmul GFLOP/s on the threads used). Rule of thumb for another CPU (scaled_time): a CPU wall time scales
-inversely with that rate, time here ~= time there * rate there / rate here. Time to the paper's level, which
-trains: `python reproduce.py time_to_target`. train, scan and memory measure each row in a fresh process
-(`bench.py SUBCOMMAND --one ...`), so its peak memory is its own: torch.cuda.max_memory_allocated on CUDA; on
+matmul GFLOP/s on the threads used). Rule of thumb for another CPU (scaled_time), for models large enough to
+run near that rate: time here ~= time there * rate there / rate here; small models are timed with `train`.
+Time to the paper's level, which trains: `python reproduce.py time_to_target`. train, scan and memory measure
+each row in a fresh process (`bench.py SUBCOMMAND --one ...`), so its peak memory is its own: torch.cuda.max_memory_allocated on CUDA; on
 CPU, the growth of the resident set's high-water mark. Times are the best of --reps runs after --warmup
 untimed ones. One section a subcommand below; its function's docstring says what it measures.
 """
@@ -129,9 +129,10 @@ def describe(m):
 
 
 def scaled_time(time_ref, rate_ref, rate_here):
-    """Rule of thumb: a CPU run's wall time scales inversely with the fp32 matmul rate (machine()), since the
-    steps are mostly matmuls (results/speed.md: 50-78% of the peak), so time here ~= time_ref * rate_ref /
-    rate_here. Rough (within tens of percent): memory bandwidth and small ops do not scale alike."""
+    """Rule of thumb: a CPU run's wall time scales inversely with the fp32 matmul rate (machine()) where its
+    steps are mostly large matmuls (the paper sizes: 59-78% of the peak, results/speed.md), so time here ~=
+    time_ref * rate_ref / rate_here. It does not carry the quick models' small matmuls: two CPUs of the same
+    peak ran the quick recall transformer 3.3x apart (results/speed.md); time those with `bench.py train`."""
     return time_ref * rate_ref / rate_here
 
 
