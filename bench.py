@@ -16,8 +16,8 @@ run near that rate: time here ~= time there * rate there / rate here; small mode
 Time to the paper's level, which trains: `python reproduce.py time_to_target`. train, scan and memory measure
 each row in a fresh process (`bench.py SUBCOMMAND --one ...`), so its peak memory is its own:
 torch.cuda.max_memory_allocated on CUDA; on CPU, the growth of the resident set's high-water mark. Times are the
-best of --reps runs after --warmup
-untimed ones. One section a subcommand below; its function's docstring says what it measures.
+best of --reps runs after --warmup untimed ones. One section a subcommand below; its function's docstring says
+what it measures.
 """
 import argparse
 import json
