@@ -4,6 +4,7 @@ comparison): what the keys, queries, attention and representations look like ins
 
     python geometry.py all --ckpt out/hmm_transformer         # every diagnostic that applies
     python geometry.py clusters --ckpt out/hmm_mamba --K 15   # at the K of the authors' five-cluster figure
+    python geometry.py seeds out/s1 out/s2 out/s3 --out DIR   # the claims' figures over seeds of one recipe
 
 Each writes geometry_<name>.json (the numbers) and .png (if matplotlib is installed) beside the
 checkpoint, from --n_seq held-out sequences of the run's eval seed (those train.py scores), in float64.
@@ -25,6 +26,7 @@ does not apply, or a missing checkpoint: a one-line error (exit 2); weights that
 """
 from functools import partial
 import glob
+import json
 import math
 import os
 import sys
@@ -758,6 +760,94 @@ RUN = dict(keys=keys, qk=qk, values=manifold, dynamics=dynamics, ablate=ablate,
            clusters=partial(manifold, by_state=True), belief=belief)
 
 # -----------------------------------------------------------------------------
+# one recipe over several seeds
+
+
+def named(which, k):  # geometry_keys.json: layer 0 of a named key statistic (NAMED_VARIANTS)
+    return lambda d: d["named"][which][k]
+
+
+def signed(heads, k):  # geometry_keys.json: layer 0 of the signed mean cos of the raw hypothesis keys
+    pick = lambda d: next(r for r in d["variants"] if (r["tokens"], r["input"], r["statistic"], r["heads"])
+                          == ("hypothesis", "raw", "signed", heads))
+    return lambda d: pick(d)[k] if k == "floor" else pick(d)[k][0]
+
+
+def final(site, k):  # geometry_values.json: the final layer after its norm at the bijection's key or value sites
+    return lambda d: d["final_layer"][site]["after_norm"][k]
+
+
+SEED_FIGURES = {  # the claims table's figures: name -> (diagnostic, what to read from its JSON)
+    "keys: mean |cos|, value tokens, raw, mean over heads": ("keys", named("ours", "trained")),
+    "keys: the same at init": ("keys", named("ours", "init")),
+    "keys: the same, Gaussian keys of the head width": ("keys", named("ours", "gaussian")),
+    "keys: mean |cos| through the norm, min over heads": ("keys", named("identify_frame_head", "trained")),
+    "keys: the same at init ": ("keys", named("identify_frame_head", "init")),
+    "keys: signed mean, mean over heads": ("keys", signed("mean", "trained")),
+    "keys: signed mean, min over heads": ("keys", signed("min", "trained")),
+    "keys: signed mean at init": ("keys", signed("mean", "init")),
+    "keys: the signed floor -1/(n-1)": ("keys", signed("mean", "floor")),
+    "keys: signed mean over every id (the authors' qkv_analysis.py)": ("keys", named("qkv_analysis", "trained")),
+    "keys: its floor": ("keys", named("qkv_analysis", "floor")),
+    "entropy MAE per token (these sequences)": ("ablate", lambda d: d["baseline"]["mae_token"]),
+    "frame: damage of the top head / the second": ("ablate", lambda d: d["frame"]["top_over_second"]),
+    "frame: the same within layer 0": ("ablate", lambda d: d["frame"]["l0_top_over_second"]),
+    "error x with layer l skipped (per token)":
+        ("ablate", lambda d: [a["ratio_token"] for a in d["ablations"] if a["ablation"].startswith("skip")]),
+    "attention entropy by layer (bits)": ("qk", lambda d: [l["att_entropy_bits"] for l in d["layers"]]),
+    "values at value positions, after the norm: PC1 share": ("values", final("value", "pc1_share")),
+    "|corr(PC1, H)| there": ("values", final("value", "corr_pc1")),
+    "values at key positions, after the norm: PC1 share": ("values", final("key", "pc1_share")),
+    "|corr(PC1, H)| there ": ("values", final("key", "corr_pc1")),
+    "|corr(PC1, position)| there": ("values", final("key", "corr_pc1_position")),
+    "layer-0 attention settled at step": ("dynamics", lambda d: d["summary"]["attention_settled_step"][0]),
+    "entropy MAE's fall after that": ("dynamics", lambda d: d["summary"]["mae_improvement_after_attention"][0]),
+}
+
+
+def spread(values):  # per figure: each seed's, their mean, min and max (elementwise for per-layer lists)
+    if isinstance(values[0], list):
+        cols = [spread(list(c)) for c in zip(*values)]
+        return dict(values=values, **{k: [c[k] for c in cols] for k in ("mean", "min", "max")})
+    return dict(values=values, mean=sum(values) / len(values), min=min(values), max=max(values))
+
+
+def seeds(argv):
+    """`geometry.py seeds RUN ... --out DIR`: the claims table's figures (SEED_FIGURES) over runs of one recipe
+    with different seeds, each analysed by `geometry.py all` first: every seed's value, the mean, min and max,
+    in DIR/geometry_seeds.json and as a table. A figure that a run's diagnostics lack is left out."""
+    p = Parser(prog="geometry.py seeds", description=seeds.__doc__.split(":")[0], allow_abbrev=False)
+    p.add_argument("runs", nargs="+", help="the runs' out_dirs, each with its geometry_<diagnostic>.json")
+    p.add_argument("--out", required=True, help="folder for geometry_seeds.json")
+    args = p.parse_args(argv)
+    runs, read = [], {}
+    for run in args.runs:
+        found = {n: os.path.join(run, f"geometry_{n}.json") for n in DIAGNOSTICS}
+        found = {n: f for n, f in found.items() if os.path.exists(f)}
+        if not found:
+            p.exit(2, f"geometry.py seeds: error: no geometry_*.json in {run} (first: geometry.py all --ckpt {run})\n")
+        result = os.path.join(run, "results.json")
+        meta = json.load(open(result)) if os.path.exists(result) else {}
+        runs.append(dict(run=run, seed=meta.get("seed"), iter=meta.get("iter")))
+        read[run] = {n: json.load(open(f)) for n, f in found.items()}
+    figures = {}
+    for name, (n, get) in SEED_FIGURES.items():
+        try:
+            figures[name] = spread([get(read[run][n]) for run in args.runs])
+        except (KeyError, IndexError, StopIteration, TypeError):  # a diagnostic or site this task lacks
+            continue
+    write_json(os.path.join(args.out, "geometry_seeds.json"), to_json(dict(runs=runs, figures=figures)))
+    f = lambda x: "[" + ", ".join(f(v) for v in x) + "]" if isinstance(x, list) else f"{x:.4g}"
+    print(f"| figure | mean | min | max | {' | '.join(str(r['seed']) for r in runs)} |")
+    print("|---" * (4 + len(runs)) + "|")
+    for name, s in figures.items():
+        cells = [name.strip().replace("|", "\\|")] + [f(v) for v in [s["mean"], s["min"], s["max"], *s["values"]]]
+        print(f"| {' | '.join(cells)} |")
+    print(f"wrote {os.path.join(args.out, 'geometry_seeds.json')}")
+    return 0
+
+
+# -----------------------------------------------------------------------------
 # command line
 
 
@@ -788,6 +878,9 @@ def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["seeds"]:
+        return seeds(argv[1:])
     p = Parser(prog="geometry.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
     p.add_argument("diagnostic", choices=DIAGNOSTICS + ("all",), help="which diagnostic (all: every one that applies)")
     p.add_argument("--ckpt", required=True, help="a run's out_dir (its ckpt.pt) or a checkpoint file")
@@ -801,7 +894,7 @@ def main(argv=None):
                    help="hmm: observations per sequence (default: the run's; the authors' five-cluster figure: 15)")
     p.add_argument("--n_perm", type=int, default=200, help="clusters: label permutations in the silhouette's null")
     p.add_argument("--no_plot", action="store_true", help="write the JSON only")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
     try:
         if args.n_seq < 2 or args.max_points < 2 or args.n_perm < 1:
             raise ValueError("--n_seq and --max_points must be >= 2, --n_perm >= 1")

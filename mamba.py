@@ -9,7 +9,8 @@ the selective scan (a plain reference loop, then the autograd Function the model
   pre-norm residual blocks, a final norm and the head;
 - the official init: A = -(1..N) per channel (S4D-real, kept as A_log), Δ log-uniform in [1e-3, 1e-1]
   through dt_proj's bias, D = 1; no clamps (the authors' wind-tunnel Mamba clamps Δ, ΔA, ΔBx and h; this
-  is the paper's model). `y_norm` adds the authors' LayerNorm on y, before the skip D·x and the gate.
+  is the paper's model). `y_norm` adds the authors' LayerNorm on y, before the skip D·x and the gate; `mimetic`
+  starts the SSM as linear attention (Trockman et al. 2024, arXiv 2410.11135: Ā ≈ 1, C's projection = B's).
 
 Glossary (mamba-minimal's names, the paper's in brackets): b, l batch and length [B, L]; d_model [D];
 d_in = expand * d_model, the SSM's channels [ED]; n = d_state, state size per channel [N]; dt_rank [R];
@@ -53,6 +54,7 @@ class MambaConfig:
     pos: str = "none"  # position encoding: none (the recurrence knows the order) | learned
     n_pos: int = 0  # learned rows: positions >= n_pos share the last row (0 = block_size, every position its own)
     y_norm: bool = False  # LayerNorm on the SSM output y before the gate, as the authors' wind-tunnel Mamba
+    mimetic: bool = False  # attention-like init (Trockman et al. 2024): C's projection = B's, A near 0
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
     norm: str = "rmsnorm"  # rmsnorm (official Mamba) | layernorm
     scan: str = "auto"  # selective scan: auto (per device) | sequential | compiled | chunked
@@ -175,6 +177,14 @@ class MambaMixer(nn.Module):
         # not, so it is an option: the scan without D and the gate, the norm, then the skip and the gate
         self.y_norm = nn.LayerNorm(d_in) if c.y_norm else None
         self.A_log._no_weight_decay = self.D._no_weight_decay = True  # train.py exempts these from decay
+        if c.mimetic:
+            # y_t = sum_s C_t.(the decays from s to t) Δ_s B_s x_s is linear attention with query C_t and key Δ_s B_s:
+            # with C's projection equal to B's, C_t.B_s is largest where the conv outputs match (a query finds its
+            # own key), and with A = -0.01 and Δ in its initial range (<= 0.1) a state keeps over 60% of itself
+            # across 500 steps
+            with torch.no_grad():
+                self.x_proj.weight[self.dt_rank + N:] = self.x_proj.weight[self.dt_rank:self.dt_rank + N]
+                self.A_log.fill_(math.log(0.01))
 
     def forward(self, x, record=None):
         L = x.shape[1]

@@ -411,10 +411,11 @@ class Recall(Task):
         # slot: the queried pair's place in the store (accuracy by slot tells forgetting from never binding)
         return Batch(x, answer, answer != IGNORE, dict(answer=answer, slot=which))
 
-    def all_queries(self):
+    def all_queries(self, **changes):
         """The training-only layout of --train_all_queries: every stored key queried once, in random order,
-        right after the filler (Zoology's MQAR, Arora et al. 2023), so a sequence trains n_pairs answers."""
-        return replace(self, n_queries=self.n_pairs, query_gap=0)
+        right after the filler (Zoology's MQAR, Arora et al. 2023), so a sequence trains n_pairs answers.
+        changes: other options at once (a curriculum's stage, e.g. n_pairs=2 below the task's n_queries)."""
+        return replace(self, **changes | dict(n_queries=changes.get("n_pairs", self.n_pairs), query_gap=0))
 
 
 # -----------------------------------------------------------------------------

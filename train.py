@@ -106,8 +106,9 @@ class Batches:
     def __init__(self, task, train, device, rank, world):
         self.gen, self.n = data_source(train, device, task)
         self.B, self.device, self.rank, self.world = train["batch_size"], device, rank, world
-        stage = parse_curriculum(train["curriculum"], task, train) or (lambda it: task)
-        self.stage = (lambda it: stage(it).all_queries()) if train["train_all_queries"] else stage
+        grow = (lambda t, **kw: t.all_queries(**kw)) if train["train_all_queries"] else replace
+        one = grow(task) if train["train_all_queries"] else task
+        self.stage = parse_curriculum(train["curriculum"], task, train, grow) or (lambda it: one)
         self.chunk = self.chunk_state = None
 
     def get(self, it):
@@ -130,9 +131,10 @@ class Batches:
         return self.gen.get_state() if it % self.n == 0 else self.chunk_state
 
 
-def parse_curriculum(spec, task, train):
-    """--curriculum NAME=START -> stage(it), the task of training step `it`; '' -> None. The option grows
-    linearly, one integer stage at a time, and is the task's own value from step curriculum_iters on."""
+def parse_curriculum(spec, task, train, grow=replace):
+    """--curriculum NAME=START -> stage(it), the task of training step `it`, grow(task, NAME=value); '' -> None.
+    The option grows linearly, one integer stage at a time, and is the task's own value from step curriculum_iters
+    on. grow: how a stage is made from the task (--train_all_queries: with every stored key queried)."""
     if not spec:
         return None
     m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
@@ -147,7 +149,7 @@ def parse_curriculum(spec, task, train):
     io, stages = (lambda t: [getattr(t, k, None) for k in IO_FIELDS]), {}  # value -> task, every stage checked now
     for value in range(start, end + 1):
         try:
-            stages[value] = replace(task, **{name: value})
+            stages[value] = grow(task, **{name: value})
         except ValueError as e:
             which = "its first stage" if value == start else f"the stage {name}={value}"
             raise ValueError(f"--curriculum {spec!r}: the task refuses {which}: {e}") from None

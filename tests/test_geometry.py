@@ -352,6 +352,35 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
     assert not os.path.exists(os.path.join(runs["bij"], "geometry_clusters.json"))  # not hmm
 
 
+def test_seeds_gives_each_seeds_figure_and_their_mean_min_and_max(runs, tmp_path, capsys):
+    if not os.path.exists(os.path.join(runs["bij"], "geometry_dynamics.json")):
+        assert geometry_main(["all", "--ckpt", runs["bij"], "--n_seq", "12", "--no_plot"]) == 0
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for i, d in enumerate(dirs):  # two "seeds": the run's figures, and the same with planted values
+        d.mkdir()
+        for n in ("keys", "qk", "values", "dynamics", "ablate"):
+            r = read(runs["bij"], n)
+            if i and n == "keys":
+                r["named"]["ours"]["trained"] = 0.5
+            if i and n == "qk":
+                r["layers"][1]["att_entropy_bits"] = 3.0
+            (d / f"geometry_{n}.json").write_text(json.dumps(r))
+    assert geometry_main(["seeds", *map(str, dirs), "--out", str(tmp_path)]) == 0
+    fig = json.load(open(tmp_path / "geometry_seeds.json"))["figures"]
+    ours, first = fig["keys: mean |cos|, value tokens, raw, mean over heads"], read(runs["bij"], "keys")
+    was = first["named"]["ours"]["trained"]
+    assert ours["values"] == [was, 0.5] and ours["mean"] == pytest.approx((was + 0.5) / 2)
+    assert (ours["min"], ours["max"]) == (min(was, 0.5), max(was, 0.5))
+    ent, q = fig["attention entropy by layer (bits)"], read(runs["bij"], "qk")["layers"]
+    assert ent["values"] == [[l["att_entropy_bits"] for l in q], [q[0]["att_entropy_bits"], 3.0]]
+    assert ent["max"] == [q[0]["att_entropy_bits"], max(q[1]["att_entropy_bits"], 3.0)]
+    assert fig["keys: the signed floor -1/(n-1)"]["mean"] == pytest.approx(-1 / 5)  # V = 6 value tokens
+    assert len(fig["error x with layer l skipped (per token)"]["mean"]) == 2
+    assert "| keys: the same at init |" in capsys.readouterr().out
+    assert geometry_main(["seeds", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
+    assert "no geometry_*.json" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["mamba", "lstm", "hmm"])
 def test_clusters_and_values_on_tiny_hmm_models(runs, name):
     assert geometry_main(["all", "--ckpt", runs[name], "--n_seq", "30", "--no_plot"]) == 0

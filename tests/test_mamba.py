@@ -265,6 +265,19 @@ def test_official_init():
     assert mixer.A_log._no_weight_decay and mixer.D._no_weight_decay
 
 
+def test_mimetic_init_starts_as_linear_attention_with_query_equal_to_key():
+    torch.manual_seed(0)
+    m = Mamba(tiny_config(d_model=48, mimetic=True)).double()
+    mixer, R, N = m.blocks[0].mixer, 3, 4
+    W = mixer.x_proj.weight
+    assert torch.equal(W[R + N:], W[R:R + N]) and not torch.equal(W[:R], W[R:R + N][:R])
+    torch.testing.assert_close(-torch.exp(mixer.A_log), torch.full((96, N), -0.01, dtype=torch.float64))
+    _, rec = m(torch.randint(0, 10, (2, 7)), return_internals=True)
+    B, C = rec["layers"][0]["B"], rec["layers"][0]["C"]
+    torch.testing.assert_close(B, C)  # a token's query is its key, so C_t.B_s is largest where s matches t
+    assert torch.equal(Mamba(tiny_config(d_model=48)).blocks[0].mixer.A_log[0], torch.log(torch.arange(1.0, 5.0)))
+
+
 @pytest.mark.parametrize("scan", SCAN_MODES)
 @pytest.mark.parametrize("kind", ["tokens", "reals", "learned_pos", "n_pos_y_norm"])
 def test_model_is_causal(scan, kind):

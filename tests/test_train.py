@@ -424,6 +424,20 @@ def test_train_all_queries_trains_on_every_key_and_evaluates_the_task(tmp_path):
                     torch.device("cpu"))
 
 
+def test_train_all_queries_curriculum_may_start_below_the_evaluations_queries():
+    # every stage queries all its pairs, so a store of 2 is a valid first stage though the task asks 3 queries
+    cfg = presets.build_config("recall", "transformer", "quick", dict(
+        n_pairs=6, n_queries=3, key_vocab=8, value_vocab=8, filler=2, curriculum="n_pairs=2", max_iters=10,
+        batch_size=4, train_all_queries=True))
+    task = tasks.make_task("recall", **cfg["task_opts"])
+    batches = train.Batches(task, cfg["train"], torch.device("cpu"), 0, 1)
+    (first, s0), (last, s9) = batches.get(0), batches.get(9)
+    assert (s0.n_pairs, s0.n_queries, s9.n_pairs, s9.n_queries) == (2, 2, 6, 6)
+    assert first.mask.sum(1).eq(2).all() and last.mask.sum(1).eq(6).all()
+    with pytest.raises(ValueError, match="refuses its first stage"):  # without the option the stage is refused
+        train.parse_curriculum("n_pairs=2", task, cfg["train"])
+
+
 def test_resume_with_more_steps_keeps_the_curriculum_schedule():
     opts = dict(curriculum="n_pairs=3", n_queries=2, max_iters=20)
     cfg = presets.build_config("recall", "transformer", "quick", opts)
