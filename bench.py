@@ -839,13 +839,13 @@ def bench_gpu(argv):
     torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
     print(f"device check on {dev} ({name}), torch {torch.__version__}{', dry run' if args.dry_run else ''}", flush=True)
-    print(f"{'check':<9} {'cell':<31} {'status':<6} {'peak MB':>8} {'tok/s':>9} {'s':>6}  note")
+    print(f"{'check':<9} {'cell':<34} {'status':<6} {'peak MB':>8} {'tok/s':>9} {'s':>6}  note")
     rows = []
     for check in args.checks:
         for cell, work in GPU_CHECKS[check](args, dev):
             rows.append(gpu_cell(check, cell, work, dev))
             r, num = rows[-1], lambda v, f: "-" if v is None else f"{v:{f}}"
-            print(f"{check:<9} {cell:<31} {r['status']:<6} {num(r['peak_mb'], '8.0f'):>8} "
+            print(f"{check:<9} {cell:<34} {r['status']:<6} {num(r['peak_mb'], '8.0f'):>8} "
                   f"{num(r['tokens_per_s'], '9.0f'):>9} {r['seconds']:6.1f}  {r['note']}", flush=True)
     failed = [r for r in rows if r["status"] == "fail"]
     runtime.write_json(args.json, dict(device=str(dev), name=name, torch=torch.__version__, dry_run=args.dry_run,

@@ -29,7 +29,7 @@ def test_the_dry_run_runs_every_check_and_writes_the_table(tmp_path, monkeypatch
     assert skipped == {"sync", "nccl"} and all(r["status"] == "pass" for r in rows if r["check"] not in skipped)
     assert "needs 2 CUDA GPUs, this machine has 0" in out and "sync detector only" in out
     for r in rows:  # each row printed
-        assert f"{r['check']:<9} {r['cell']:<31} {r['status']}" in out
+        assert f"{r['check']:<9} {r['cell']:<34} {r['status']}" in out
     measured = [r for r in rows if r["tokens_per_s"] is not None]  # the training cells
     assert [r["check"] for r in measured] == ["train", "compile"] + ["memory16"] * len(bench.BIG_CELLS)
     assert all(r["tokens_per_s"] > 0 and r["peak_mb"] >= 0 and "params" in r["note"] for r in measured)
