@@ -197,10 +197,10 @@ class MambaMixer(nn.Module):
         A = -torch.exp(self.A_log)  # (d_in, N), parameters stay float32 under autocast
         B_, C_ = rearrange(B, "b l n -> b n l"), rearrange(C, "b l n -> b n l")
         if self.y_norm is None:
-            y = selective_scan(x, delta, A, B_, C_, self.D, z, delta_bias=self.dt_proj.bias, delta_softplus=True,
-                               mode=self.scan)
+            y = untraced_scan(x, delta, A, B_, C_, self.D, z, delta_bias=self.dt_proj.bias, delta_softplus=True,
+                              mode=self.scan)
         else:
-            y = selective_scan(x, delta, A, B_, C_, delta_bias=self.dt_proj.bias, delta_softplus=True, mode=self.scan)
+            y = untraced_scan(x, delta, A, B_, C_, delta_bias=self.dt_proj.bias, delta_softplus=True, mode=self.scan)
             y = gate(rearrange(self.y_norm(rearrange(y, "b d l -> b l d")), "b l d -> b d l"), x, self.D[:, None], z)
         if record is not None:
             record.update(delta=F.softplus(delta + self.dt_proj.bias[:, None]).transpose(1, 2), B=B, C=C)
@@ -270,6 +270,14 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
         y = rearrange(y, "l b d -> b d l")
     y = y.to(dtype_in)
     return (y, last_state) if return_last_state else y
+
+
+# The model's scan, which torch.compile of the model (train.py --compile) leaves out of its graphs: traced, the loop
+# over time unrolls into a graph per sequence length, so a curriculum or several evaluation lengths recompiled it
+# past dynamo's limit. Left out, the graphs around it take a new length as dynamic from the second on (dynamo's
+# automatic dynamic shapes). Outside torch.compile it is selective_scan itself; the "compiled" mode compiles its
+# own step, whose shapes do not depend on the length.
+untraced_scan = torch.compiler.disable(selective_scan)
 
 
 def _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias, mode, chunk):

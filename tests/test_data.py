@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import bench
 import tasks
 import presets
 import runtime
-import train
 from oracles import hmm_filter
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -228,26 +228,7 @@ SMALL_MODELS = {"transformer": dict(n_layer=1, n_head=2, d_model=16), "mamba": d
                          + [("hmm", m) for m in SMALL_MODELS if m != "transformer"])
 def test_a_training_step_on_the_gpu_never_waits_for_it(name, model):
     cfg = presets.build_config(name, model.split()[0], "quick", SMALL[name] | SMALL_MODELS[model])
-    dev = torch.device("cuda")
-    task, _, model, opt, _ = train.build(cfg, dev)
-    gen, _ = runtime.data_source(cfg["train"], dev)
-    _, ctx = runtime.autocast("auto", dev)
-
-    def step(b):
-        opt.zero_grad(set_to_none=True)
-        with ctx:
-            loss = task.loss(model(b.x), b)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    step(task.sample(8, gen))  # the first step sets up CUDA and the optimizer state, which may sync
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")  # from here on a sync raises
-    try:
-        step(task.sample(8, gen))
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    bench.sync_free_step(cfg, torch.device("cuda"))  # the check `bench.py gpu` runs
 
 
 def test_recall_training_layout_queries_every_stored_key_once_in_random_order():

@@ -1,39 +1,18 @@
 """Tests for mamba.py: the selective scan against brute force and across modes, stability, dtypes, the model."""
+from functools import partial
 import math
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench import SCAN_NAMES as NAMES, rel_err, run_scan, scan_inputs  # the comparison `bench.py gpu` runs on a GPU
 from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan, selective_scan_ref
 
 torch.set_num_threads(1)
-NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
-
-
-def scan_inputs(b, d, n, l, dtype=torch.float64, seed=0, delta_scale=1.0):
-    """Random inputs with the model's signs: softplus(delta + delta_bias) > 0 and A < 0."""
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
-    x = dict(u=r(b, d, l), delta=delta_scale * r(b, d, l) - 1, A=-torch.exp(r(d, n)), B=r(b, n, l), C=r(b, n, l),
-             D=r(d), z=r(b, d, l), delta_bias=r(d))
-    return {k: v.to(dtype) for k, v in x.items()}
-
-
-def run_scan(x, mode, seed=1, chunk=None):
-    """y, last state and the gradients of every input under a random cotangent."""
-    x = {k: v.detach().clone().requires_grad_() for k, v in x.items()}
-    y, last = selective_scan(**x, delta_softplus=True, return_last_state=True, mode=mode, chunk=chunk)
-    g = torch.Generator().manual_seed(seed)
-    gy, gl = torch.randn(y.shape, generator=g).to(y.dtype), torch.randn(last.shape, generator=g).to(last.dtype)
-    grads = torch.autograd.grad((y * gy).sum() + (last * gl).sum(), [x[k] for k in NAMES])
-    return dict(y=y, last=last, **{f"grad_{k}": v for k, v in zip(NAMES, grads)})
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def brute_force(u, delta, A, B, C, D, z):
@@ -421,3 +400,15 @@ def test_a_bad_scan_mode_in_the_environment_stops_only_mamba(monkeypatch):
     monkeypatch.setitem(mamba.DEFAULT_SCAN, "cpu", "garbage")
     with pytest.raises(ValueError, match="WINDTUNNEL_SCAN='garbage': valid modes are sequential, compiled, chunked"):
         Mamba(MambaConfig(vocab_size=8, n_classes=4, n_layer=1, d_model=8))
+
+
+
+def test_the_compiled_model_takes_new_lengths_without_compiling_each(monkeypatch):
+    # train.py --compile under a curriculum, or hmm's several evaluation lengths: traced, the scan's loop over time
+    # would unroll into a graph per length, and with a recompile limit of 2 the third length would fail compiling
+    # (and the wrapper run eager). aot_eager traces the backward too, as inductor would, with no C++ compiler;
+    # `bench.py gpu` runs this cell with inductor
+    import bench
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="aot_eager"))
+    cell = bench.lengths_cell(SimpleNamespace(dry_run=True, device="cpu"), torch.device("cpu"))
+    assert 0 < cell["graphs"] <= 2 * 4, cell  # the 4 pieces around the scan, compiled at most twice each

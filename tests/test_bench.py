@@ -1,0 +1,67 @@
+"""`bench.py gpu`, the prepared check of a GPU or Mac: its dry run on the CPU (the same plan at tiny sizes), the
+table and JSON it writes, the exit code of a failed check, and its one line where there is neither."""
+from functools import partial
+import json
+
+import pytest
+import torch
+
+import bench
+from cli import exit_code
+
+CELLS = {"train": ["mlp"], "compile": ["mlp", "mamba, 5 lengths"], "scan": ["sequential", "chunked"],
+         "sync": [f"{t} {m}" for t, m in bench.SYNC_CELLS], "nccl": ["2 processes"],
+         "memory16": [" ".join(c) for c in bench.BIG_CELLS]}
+
+
+def test_the_dry_run_runs_every_check_and_writes_the_table(tmp_path, monkeypatch, capsys):
+    # dynamo without code generation, and the scan's eager modes: compiling kernels takes a while on a CPU
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(bench, "SCAN_MODES", ("sequential", "chunked"))
+    path = tmp_path / "gpu.json"
+    argv = ["gpu", "--device", "cpu", "--dry_run", "--models", "mlp", "--threads", "1", "--json", str(path)]
+    assert exit_code(bench.main, argv) == 0
+    out, report = capsys.readouterr().out, json.loads(path.read_text())
+    assert report["device"] == "cpu" and report["dry_run"] and report["passed"]
+    rows = report["rows"]
+    assert {c: [r["cell"] for r in rows if r["check"] == c] for c in CELLS} == CELLS
+    skipped = {r["check"] for r in rows if r["status"] == "skip"}
+    assert skipped == {"sync", "nccl"} and all(r["status"] == "pass" for r in rows if r["check"] not in skipped)
+    assert "needs 2 CUDA GPUs, this machine has 0" in out and "sync detector only" in out
+    for r in rows:  # each row printed
+        assert f"{r['check']:<9} {r['cell']:<34} {r['status']}" in out
+    measured = [r for r in rows if r["tokens_per_s"] is not None]  # the training cells
+    assert [r["check"] for r in measured] == ["train", "compile"] + ["memory16"] * len(bench.BIG_CELLS)
+    assert all(r["tokens_per_s"] > 0 and r["peak_mb"] >= 0 and "params" in r["note"] for r in measured)
+    assert "largest relative error 0.0e+00 (float64), against the CPU" in out
+    assert f"{len(rows)} of {len(rows)} cells passed or skipped, 0 failed" in out
+
+
+def test_a_failed_check_fails_the_run(tmp_path, monkeypatch, capsys):
+    def broken():
+        raise RuntimeError("wrong answer\nsecond line")
+    monkeypatch.setitem(bench.GPU_CHECKS, "scan", lambda args, dev: [("ok", dict), ("broken", broken)])
+    path = tmp_path / "gpu.json"
+    assert exit_code(bench.main, ["gpu", "--device", "cpu", "--dry_run", "--checks", "scan", "--json", str(path)]) == 1
+    report = json.loads(path.read_text())
+    assert not report["passed"] and [r["status"] for r in report["rows"]] == ["pass", "fail"]
+    assert report["rows"][1]["note"] == "RuntimeError: wrong answer"
+    assert "1 of 2 cells passed or skipped, 1 failed" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="needs a machine without")
+@pytest.mark.parametrize("argv", [[], ["--device", "cpu"]])
+def test_without_a_gpu_or_mac_it_says_so_in_one_line(argv, capsys, tmp_path):
+    assert exit_code(bench.main, ["gpu", *argv, "--json", str(tmp_path / "gpu.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no CUDA GPU or Apple MPS here; `--device cpu --dry_run`" in err, err
+    assert not (tmp_path / "gpu.json").exists()
+
+
+@pytest.mark.parametrize("argv, expect", [(["--checks", "train,speed"], "unknown check 'speed'; valid checks: train"),
+                                          (["--models", "gpt"], "unknown model 'gpt'; valid models: transformer"),
+                                          (["--steps", "-1"], "--steps must be >= 0")])
+def test_bad_input_is_one_line(argv, expect, capsys):
+    assert exit_code(bench.main, ["gpu", "--device", "cpu", "--dry_run", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expect in err, err
