@@ -782,7 +782,7 @@ SEED_FIGURES = {  # the claims table's figures: name -> (diagnostic, what to rea
     "keys: the same at init": ("keys", named("ours", "init")),
     "keys: the same, Gaussian keys of the head width": ("keys", named("ours", "gaussian")),
     "keys: mean |cos| through the norm, min over heads": ("keys", named("identify_frame_head", "trained")),
-    "keys: the same at init ": ("keys", named("identify_frame_head", "init")),
+    "keys: through the norm, min over heads, at init": ("keys", named("identify_frame_head", "init")),
     "keys: signed mean, mean over heads": ("keys", signed("mean", "trained")),
     "keys: signed mean, min over heads": ("keys", signed("min", "trained")),
     "keys: signed mean at init": ("keys", signed("mean", "init")),
@@ -796,10 +796,10 @@ SEED_FIGURES = {  # the claims table's figures: name -> (diagnostic, what to rea
         ("ablate", lambda d: [a["ratio_token"] for a in d["ablations"] if a["ablation"].startswith("skip")]),
     "attention entropy by layer (bits)": ("qk", lambda d: [l["att_entropy_bits"] for l in d["layers"]]),
     "values at value positions, after the norm: PC1 share": ("values", final("value", "pc1_share")),
-    "|corr(PC1, H)| there": ("values", final("value", "corr_pc1")),
+    "|corr(PC1, H)| at value positions": ("values", final("value", "corr_pc1")),
     "values at key positions, after the norm: PC1 share": ("values", final("key", "pc1_share")),
-    "|corr(PC1, H)| there ": ("values", final("key", "corr_pc1")),
-    "|corr(PC1, position)| there": ("values", final("key", "corr_pc1_position")),
+    "|corr(PC1, H)| at key positions": ("values", final("key", "corr_pc1")),
+    "|corr(PC1, position)| at key positions": ("values", final("key", "corr_pc1_position")),
     "layer-0 attention settled at step": ("dynamics", lambda d: d["summary"]["attention_settled_step"][0]),
     "entropy MAE's fall after that": ("dynamics", lambda d: d["summary"]["mae_improvement_after_attention"][0]),
 }
@@ -841,7 +841,7 @@ def seeds(argv):
     print(f"| figure | mean | min | max | {' | '.join(str(r['seed']) for r in runs)} |")
     print("|---" * (4 + len(runs)) + "|")
     for name, s in figures.items():
-        cells = [name.strip().replace("|", "\\|")] + [f(v) for v in [s["mean"], s["min"], s["max"], *s["values"]]]
+        cells = [name.replace("|", "\\|")] + [f(v) for v in [s["mean"], s["min"], s["max"], *s["values"]]]
         print(f"| {' | '.join(cells)} |")
     print(f"wrote {os.path.join(args.out, 'geometry_seeds.json')}")
     return 0
@@ -882,7 +882,8 @@ def main(argv=None):
     if argv[:1] == ["seeds"]:
         return seeds(argv[1:])
     p = Parser(prog="geometry.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
-    p.add_argument("diagnostic", choices=DIAGNOSTICS + ("all",), help="which diagnostic (all: every one that applies)")
+    p.add_argument("diagnostic", choices=DIAGNOSTICS + ("all",),
+                   help="which diagnostic (all: every one that applies); `geometry.py seeds --help`: over seeds")
     p.add_argument("--ckpt", required=True, help="a run's out_dir (its ckpt.pt) or a checkpoint file")
     p.add_argument("--n_seq", type=int, default=200, help="held-out sequences to analyse")
     p.add_argument("--seed", type=int, default=None, help="seed of those sequences (default: the run's eval_seed)")
