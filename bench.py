@@ -708,12 +708,9 @@ def sync_free_step(cfg, dev):
     gen, _ = runtime.data_source(cfg["train"], dev)
     _, ctx = runtime.autocast("auto", dev)
 
-    def step(b):
-        opt.zero_grad(set_to_none=True)
-        with ctx:
-            loss = task.loss(model(b.x), b)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    def step(b):  # train.py's own step, clipping and update
+        train.step(model, task, opt, b, ctx)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["train"]["grad_clip"])
         opt.step()
 
     step(task.sample(8, gen))
