@@ -288,8 +288,12 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
 # -----------------------------------------------------------------------------
 # time_to_target: how long the default transformer takes to reach the paper's level
 
-TARGETS = {"bijection": "mae_curve<=0.01", "hmm": "mae_curve<=0.05", "recall": "accuracy>=0.99",
-           "regression": "mae_curve<=0.05"}
+TARGETS = {"bijection": "mae_curve<=0.01", "hmm": "mae_token<=0.025", "recall": "accuracy>=0.99",
+           "regression": "mae_token<=0.05"}
+# the other convention at the same bar, reported beside the target: the mean curve's error is never above the
+# per-token one (over- and under-confident sequences cancel in it), so bijection's per-token crossing may come
+# after the stop, hmm's and regression's mean-curve crossings at or before it
+ALSO = {"bijection": "mae_token<=0.01", "hmm": "mae_curve<=0.025", "regression": "mae_curve<=0.05"}
 FAST = {  # train.py flags on top of the quick preset; results/time_to_target.md has the runs that chose them
     "bijection": ["--lr", "4e-3"],
     "hmm": [],
@@ -316,8 +320,11 @@ def target_row(task, r, out_dir, flags):
     if not r["history"]:
         raise ValueError("no evaluations during training (empty history)")
     hit, best = first_reached(r["history"], TARGETS[task], task)
+    also = ALSO.get(task) if metric(ALSO.get(task, "")) in r["history"][0] else None  # None: not in this history
+    also_hit = first_reached(r["history"], also, task)[0] if also else None
     batch = r["config"]["train"].get("batch_size")  # None: a results.json that does not say
     return dict(task=task, target=TARGETS[task], reached=hit is not None, steps=(hit or {}).get("iter"),
+                also=also, also_steps=(also_hit or {}).get("iter"), also_time_s=(also_hit or {}).get("time"),
                 sequences=hit["iter"] * batch if hit and batch else None, time_s=(hit or {}).get("time"),
                 value=float((hit or best)[metric(TARGETS[task])]), batch_size=batch, run_steps=r["iters"],
                 run_time_s=r["wall_time_s"], eval_interval=r["config"]["train"]["eval_interval"], device=r["device"],
@@ -328,8 +335,10 @@ def time_to_target(argv):
     """Time to target: the steps, training sequences and wall time the default transformer takes to reach the
     paper-level metric on each wind tunnel.
 
-    Targets, the paper's level: bijection mean-curve entropy MAE <= 0.01 bits, hmm <= 0.05, recall
-    accuracy >= 99%, regression <= 0.05 bits (not in the paper; the same bar as hmm).
+    Targets, the paper's level: bijection mean-curve entropy MAE <= 0.01 bits, hmm per-token MAE <= 0.025 bits
+    at K = 20, recall accuracy >= 99%, regression per-token MAE <= 0.05 bits (not in the paper). The other
+    convention's first crossing of the same bar (ALSO: per token for bijection, the mean curve for the others) is
+    reported beside it.
     Each task runs `train.py --task T --model transformer` with its preset, evaluating on
     --eval_samples_during held-out sequences every --eval_interval steps, and stops at the first
     evaluation that meets the target (train.py --stop_at); anything after `--` goes to train.py
@@ -399,11 +408,14 @@ def time_to_target(argv):
             p.error(f"{os.path.join(out_dir, 'results.json')}: not a train.py run to read a time to target from "
                     f"({type(e).__name__}: {e})")
     lines = ["| task | target | flags on the preset | reached at step | training sequences | wall time "
-             "| value there (best if not reached) | run | eval every |", "|---" * 9 + "|"]
+             "| value there (best if not reached) | the same bar, other convention | run | eval every |",
+             "|---" * 10 + "|"]
     for w in rows:
         seqs = f"{w['sequences']:,} ({w['batch_size']} a step)" if w["sequences"] else "—"
         at = f"{w['steps']} | {seqs} | {runtime.fmt_time(w['time_s'])}" if w["reached"] else "not reached | — | —"
-        lines.append(f"| {w['task']} | {w['target']} | {w['flags'] or '—'} | {at} | {w['value']:.4f} "
+        also = (f"{w['also']}: step {w['also_steps']}, {runtime.fmt_time(w['also_time_s'])}" if w["also_steps"]
+                else f"{w['also']}: not by step {w['run_steps']}" if w["also"] else "—")
+        lines.append(f"| {w['task']} | {w['target']} | {w['flags'] or '—'} | {at} | {w['value']:.4f} | {also} "
                      f"| {w['run_steps']} steps, {runtime.fmt_time(w['run_time_s'])}, {w['device']} "
                      f"| {w['eval_interval']} |")
     lines += ["", f"Wall times on: {bench.describe(cpu)}" if cpu else "Wall times: each run's own machine."]

@@ -133,9 +133,12 @@ class Batches:
 
 def parse_curriculum(spec, task, train, grow=replace):
     """--curriculum NAME=START -> stage(it), the task of training step `it`, grow(task, NAME=value); '' -> None.
-    The option grows linearly, one integer stage at a time, and is the task's own value from step curriculum_iters
-    on. grow: how a stage is made from the task (--train_all_queries: with every stored key queried)."""
+    The option is START for the first curriculum_hold steps, then grows linearly, one integer stage at a time, and
+    is the task's own value from step curriculum_iters on. grow: how a stage is made from the task
+    (--train_all_queries: with every stored key queried)."""
     if not spec:
+        if train.get("curriculum_hold"):
+            raise ValueError(f"--curriculum_hold {train['curriculum_hold']} needs a --curriculum to hold")
         return None
     m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
     options = [f.name for f in fields(task) if isinstance(getattr(task, f.name), int)
@@ -156,10 +159,14 @@ def parse_curriculum(spec, task, train, grow=replace):
         if io(stages[value]) != io(task):
             raise ValueError(f"--curriculum {spec!r}: {name} changes the model's inputs or outputs; grow an option "
                              f"that only changes the sequences")
-    iters = train["curriculum_iters"] or train["max_iters"] // 2
+    iters, hold = train["curriculum_iters"] or train["max_iters"] // 2, train.get("curriculum_hold", 0)
+    if hold >= iters:
+        raise ValueError(f"--curriculum_hold {hold} must be below --curriculum_iters ({iters}), the step from which "
+                         f"{name} is the task's own")
 
-    def stage(it):  # end - start + 1 stages of equal length
-        return stages[end if it >= iters else start + (end - start + 1) * it // iters]
+    def stage(it):  # after the hold, end - start + 1 stages of equal length
+        grown = (end - start + 1) * max(it - hold, 0) // (iters - hold)
+        return stages[end if it >= iters else start + grown]
     return stage
 
 
@@ -334,8 +341,10 @@ def main(argv=None):
         state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
         return run(resume_config(state, known, given, out_dir), state, eval_only=bool(given.get("eval_only")))
     except ValueError as e:
-        if str(e).startswith("--curriculum") and "curriculum" not in given and not given.get("resume"):
-            e = f"{e} (--curriculum is the {known.preset} preset's: pass --curriculum '' to train without it)"
+        flag = re.match(r"--(curriculum|curriculum_hold) ", str(e))
+        if flag and flag[1] not in given and not given.get("resume"):
+            off = "''" if flag[1] == "curriculum" else "0"
+            e = f"{e} (--{flag[1]} is the {known.preset} preset's: pass --{flag[1]} {off} to train without it)"
         parser.exit(2, f"{parser.prog}: error: {e}\n")
 
 

@@ -112,13 +112,16 @@ def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path
     assert not row["reached"] and row["run_steps"] == 4 and row["eval_interval"] == 2  # 0.01 bits is out of reach
     runs = tmp_path / "runs"  # a finished run whose history meets the target at its second evaluation
     os.makedirs(runs / "bijection_transformer")
-    history = [dict(iter=2, time=1.0, mae_curve=0.3), dict(iter=4, time=2.0, mae_curve=0.008)]
+    history = [dict(iter=2, time=1.0, mae_curve=0.3, mae_token=0.4), dict(iter=4, time=2.0, mae_curve=0.008,
+                                                                          mae_token=0.012)]
     json.dump(dict(history=history, iters=4, wall_time_s=3.0, device="cpu", config=dict(train=dict(eval_interval=2))),
               open(runs / "bijection_transformer" / "results.json", "w"))
     assert reproduce.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs),
                            "--results", str(res)]) == 0
     [row] = json.load(open(res / "time_to_target_from_runs.json"))
     assert row["reached"] and row["steps"] == 4 and row["time_s"] == 2.0 and row["value"] == 0.008
+    assert row["also"] == "mae_token<=0.01" and row["also_steps"] is None  # per token: 0.012, not yet at the bar
+    assert "| mae_token<=0.01: not by step 4 |" in open(res / "time_to_target_from_runs.md").read()
 
 
 def test_time_to_target_rejects_unknown_tasks_and_missing_runs(tmp_path, capsys):
@@ -145,19 +148,30 @@ def test_time_to_target_from_a_run_without_history_or_a_corrupt_file_is_one_line
     assert not (tmp_path / "res" / "time_to_target_from_runs.json").exists()
 
 
-def test_time_to_target_counts_training_sequences_and_bench_points_to_it(tmp_path, capsys):
-    import bench
+def time_to_target_of(tmp_path, task, history):
+    """time_to_target's row for a finished run of task with this history, read with --from_runs."""
     import reproduce
-    os.makedirs(tmp_path / "recall_transformer")
-    history = [dict(iter=100, time=9.0, accuracy=0.5), dict(iter=300, time=30.0, accuracy=0.995)]
-    json.dump(dict(history=history, iters=300, wall_time_s=31.0, device="cpu",
+    os.makedirs(tmp_path / f"{task}_transformer")
+    json.dump(dict(history=history, iters=history[-1]["iter"], wall_time_s=history[-1]["time"] + 1, device="cpu",
                    config=dict(train=dict(eval_interval=100, batch_size=64))),
-              open(tmp_path / "recall_transformer" / "results.json", "w"))
-    assert reproduce.main(["time_to_target", "--tasks", "recall", "--from_runs", str(tmp_path),
+              open(tmp_path / f"{task}_transformer" / "results.json", "w"))
+    assert reproduce.main(["time_to_target", "--tasks", task, "--from_runs", str(tmp_path),
                            "--results", str(tmp_path)]) == 0
     [row] = json.load(open(tmp_path / "time_to_target_from_runs.json"))
+    return row
+
+
+def test_time_to_target_counts_training_sequences_and_bench_points_to_it(tmp_path, capsys):
+    import bench
+    row = time_to_target_of(tmp_path, "recall", [dict(iter=100, time=9.0, accuracy=0.5),
+                                                 dict(iter=300, time=30.0, accuracy=0.995)])
     assert row["steps"] == 300 and row["sequences"] == 300 * 64 and row["batch_size"] == 64
     assert "| 300 | 19,200 (64 a step) | 0m30s |" in open(tmp_path / "time_to_target_from_runs.md").read()
+    # hmm stops per token; its mean curve crossed the same bar before
+    row = time_to_target_of(tmp_path, "hmm", [dict(iter=100, time=9.0, mae_curve=0.02, mae_token=0.03),
+                                              dict(iter=200, time=18.0, mae_curve=0.01, mae_token=0.02)])
+    assert (row["target"], row["steps"], row["also"], row["also_steps"]) == ("mae_token<=0.025", 200,
+                                                                            "mae_curve<=0.025", 100)
     with pytest.raises(SystemExit) as e:
         bench.main(["time_to_target"])
     assert e.value.code == 2 and "python reproduce.py time_to_target" in capsys.readouterr().err

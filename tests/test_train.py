@@ -82,6 +82,12 @@ def test_curriculum_grows_the_option_in_equal_stages_and_resumes_identically(tmp
     assert [stage(it).n_pairs for it in range(12)] == [5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8]
     assert stage(10) == task and stage(0).seq_len < task.seq_len
     assert train.parse_curriculum("", task, {}) is None
+    held = train.parse_curriculum("n_pairs=5", task, dict(curriculum_iters=8, curriculum_hold=4, max_iters=20))
+    assert [held(it).n_pairs for it in range(10)] == [5, 5, 5, 5, 5, 6, 7, 8, 8, 8]  # 4 steps at 5, then grown by 8
+    with pytest.raises(ValueError, match="--curriculum_hold 8 must be below --curriculum_iters"):
+        train.parse_curriculum("n_pairs=5", task, dict(curriculum_iters=8, curriculum_hold=8, max_iters=20))
+    with pytest.raises(ValueError, match="--curriculum_hold 4 needs a --curriculum"):
+        train.parse_curriculum("", task, dict(curriculum_iters=8, curriculum_hold=4, max_iters=20))
     run_and_resume(tmp_path, ["--task", "recall", "--n_pairs", "8", "--n_queries", "2", "--key_vocab", "16",
                               "--value_vocab", "16", "--filler", "2", "--n_layer", "1", "--d_model", "16",
                               "--batch_size", "8", "--eval_samples", "20", "--eval_samples_during", "20",
@@ -466,6 +472,10 @@ def test_every_curriculum_stage_is_checked_before_training_and_a_presets_is_name
     assert run_main(["--task", "recall", "--preset", "cpu_paper_task", "--n_pairs", "4", "--n_queries", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--curriculum is the cpu_paper_task preset's" in err, err
+    # the preset's Mamba holds its first stage: without a curriculum the hold is refused, and named as the preset's
+    assert run_main(["--task", "recall", "--model", "mamba", "--preset", "cpu_paper_task", "--curriculum="]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--curriculum_hold is the cpu_paper_task preset's: pass --curriculum_hold 0" in err, err
 
 
 
