@@ -645,9 +645,7 @@ def train_cell(args, dev, task_name, model_name, preset, compile=False, evaluate
     losses = []
 
     def step():
-        losses.append(fwd.retry(lambda: train.step(fwd, task, opt, batch, ctx))[1].detach())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["train"]["grad_clip"])
-        opt.step()
+        losses.append(train.update(fwd, model, task, opt, batch, ctx, cfg["train"]["grad_clip"])[1].detach())
 
     t, peak = time_and_peak(step, dev, 1, args.steps)  # the warm-up step compiles
     if evaluate:
@@ -708,10 +706,8 @@ def sync_free_step(cfg, dev):
     gen, _ = runtime.data_source(cfg["train"], dev)
     _, ctx = runtime.autocast("auto", dev)
 
-    def step(b):  # train.py's own step, clipping and update
-        train.step(model, task, opt, b, ctx)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["train"]["grad_clip"])
-        opt.step()
+    fwd = runtime.CompiledOrEager(model, False)
+    step = lambda b: train.update(fwd, model, task, opt, b, ctx, cfg["train"]["grad_clip"])  # train.py's own
 
     step(task.sample(8, gen))
     if dev.type != "cuda":

@@ -812,6 +812,11 @@ def spread(values):  # per figure: each seed's, their mean, min and max (element
     return dict(values=values, mean=sum(values) / len(values), min=min(values), max=max(values))
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
 def seeds(argv):
     """`geometry.py seeds RUN ... --out DIR`: the claims table's figures (SEED_FIGURES) over runs of one recipe
     with different seeds, each analysed by `geometry.py all` first: every seed's value, the mean, min and max,
@@ -827,9 +832,9 @@ def seeds(argv):
         if not found:
             p.exit(2, f"geometry.py seeds: error: no geometry_*.json in {run} (first: geometry.py all --ckpt {run})\n")
         result = os.path.join(run, "results.json")
-        meta = json.load(open(result)) if os.path.exists(result) else {}
+        meta = read_json(result) if os.path.exists(result) else {}
         runs.append(dict(run=run, seed=meta.get("seed"), iter=meta.get("iter")))
-        read[run] = {n: json.load(open(f)) for n, f in found.items()}
+        read[run] = {n: read_json(f) for n, f in found.items()}
     figures = {}
     for name, (n, get) in SEED_FIGURES.items():
         try:

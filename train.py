@@ -107,7 +107,7 @@ class Batches:
         self.gen, self.n = data_source(train, device, task)
         self.B, self.device, self.rank, self.world = train["batch_size"], device, rank, world
         grow = (lambda t, **kw: t.all_queries(**kw)) if train["train_all_queries"] else replace
-        one = grow(task) if train["train_all_queries"] else task
+        one = grow(task)
         self.stage = parse_curriculum(train["curriculum"], task, train, grow) or (lambda it: one)
         self.chunk = self.chunk_state = None
 
@@ -255,10 +255,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
         for group in opt.param_groups:
             group["lr"] = lr
         batch, stage = batches.get(it)
-        out, loss = fwd.retry(lambda: step(fwd, stage, opt, batch, ctx))  # once more eager if compiling failed
-        if train["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train["grad_clip"])
-        opt.step()
+        out, loss = update(fwd, model, stage, opt, batch, ctx, train["grad_clip"])
         it = proc.step = it + 1
         at_log, at_eval = it % train["log_interval"] == 0 or it == T, it % train["eval_interval"] == 0 or it == T
         lossf = global_mean(loss, proc.world) if at_log or at_eval else None  # the one host sync between logs
@@ -307,6 +304,16 @@ def step(fwd, task, opt, batch, ctx):
         loss = task.loss(out, batch)
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    return out, loss
+
+
+def update(fwd, model, task, opt, batch, ctx, grad_clip):
+    """One training step: step() (once more eager if compiling failed), the gradient clipped to grad_clip
+    (0 = off), the optimizer's update. fwd: the model as called (compiled, data-parallel); model: its parameters."""
+    out, loss = fwd.retry(lambda: step(fwd, task, opt, batch, ctx))
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
     return out, loss
 
 
