@@ -440,6 +440,12 @@ def test_train_all_queries_curriculum_may_start_below_the_evaluations_queries():
     (first, s0), (last, s9) = batches.get(0), batches.get(9)
     assert (s0.n_pairs, s0.n_queries, s9.n_pairs, s9.n_queries) == (2, 2, 6, 6)
     assert first.mask.sum(1).eq(2).all() and last.mask.sum(1).eq(6).all()
+    # the ETA counts the steps left in units of this step's cost, which grows with the sequences
+    lengths = [batches.stage(it).seq_len for it in range(10)]
+    assert batches.steps_left(0, 10) == pytest.approx(sum(lengths) / lengths[0]) and batches.steps_left(0, 10) > 10
+    assert batches.steps_left(9, 10) == 1 and batches.steps_left(10, 10) == 0
+    flat = train.Batches(task, dict(cfg["train"], curriculum=""), torch.device("cpu"), 0, 1)
+    assert flat.steps_left(3, 10) == 7
     with pytest.raises(ValueError, match="refuses its first stage"):  # without the option the stage is refused
         train.parse_curriculum("n_pairs=2", task, cfg["train"])
 
