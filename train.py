@@ -270,10 +270,10 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
         if at_log and not math.isfinite(lossf):
             return proc.diverged(f"loss is {lossf}", it)
         if at_log:  # once in a while: a progress line
-            dt = time.time() - t_log
+            dt, eta = time.time() - t_log, batches.steps_left(it, T)
             print0(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {batch_mae(stage, batch, out):.4f} bits (batch) "
                    f"| {(it - it_log) * train['batch_size'] * stage.seq_len / dt / 1e3:.1f}k tok/s | lr {lr:.2e} "
-                   f"| eta {fmt_time(batches.steps_left(it, T) * dt / (it - it_log))}{', or at ' + train['stop_at'] if stop else ''}")
+                   f"| eta {fmt_time(eta * dt / (it - it_log))}{', or at ' + train['stop_at'] if stop else ''}")
             t_log, it_log = time.time(), it
         if not proc.due(it, at_eval):
             continue
