@@ -108,15 +108,12 @@ class Batches:
         self.B, self.device, self.rank, self.world = train["batch_size"], device, rank, world
         grow = (lambda t, **kw: t.all_queries(**kw)) if train["train_all_queries"] else replace
         one = grow(task)
-        self.grows = parse_curriculum(train["curriculum"], task, train, grow)
-        self.stage = self.grows or (lambda it: one)
+        self.stage = parse_curriculum(train["curriculum"], task, train, grow) or (lambda it: one)
         self.chunk = self.chunk_state = None
 
     def steps_left(self, it, T):
         """The steps from it to T in units of step it's cost, which goes with its sequence length: under a
-        curriculum the later steps cost more (the progress line's ETA)."""
-        if self.grows is None:
-            return T - it
+        curriculum the later steps cost more (the progress line's ETA); without one it is T - it."""
         return sum(self.stage(s).seq_len for s in range(it, T)) / self.stage(it).seq_len
 
     def get(self, it):
@@ -270,10 +267,10 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
         if at_log and not math.isfinite(lossf):
             return proc.diverged(f"loss is {lossf}", it)
         if at_log:  # once in a while: a progress line
-            dt, eta = time.time() - t_log, batches.steps_left(it, T)
+            dt, left = time.time() - t_log, batches.steps_left(it, T)
             print0(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {batch_mae(stage, batch, out):.4f} bits (batch) "
                    f"| {(it - it_log) * train['batch_size'] * stage.seq_len / dt / 1e3:.1f}k tok/s | lr {lr:.2e} "
-                   f"| eta {fmt_time(eta * dt / (it - it_log))}{', or at ' + train['stop_at'] if stop else ''}")
+                   f"| eta {fmt_time(left * dt / (it - it_log))}{', or at ' + train['stop_at'] if stop else ''}")
             t_log, it_log = time.time(), it
         if not proc.due(it, at_eval):
             continue
