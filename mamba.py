@@ -20,9 +20,9 @@ h (b, d_in, n) state; deltaA = Ā = exp(ΔA); deltaB_u = B̄x = ΔBx.
 Scan modes (`selective_scan`, one autograd Function that stores no per-step states: the forward keeps
 the state entering each block of `chunk` steps, the backward recomputes each block and runs the adjoint
 recurrence backwards in time): "sequential", one step at a time on (b, d, n) slices; "compiled", the same
-with each step fused by torch.compile (the CPU default); "chunked", for GPUs, each block at once on
-(chunk, b, d, n) tensors (`linear_scan`). With Δ >= 0 and A <= 0 every exponent is <= 0 and nothing is
-divided by a decay, so all three are finite at any length.
+with each step, and each pass over (l, b, d) around the loop, fused by torch.compile (the CPU default);
+"chunked", for GPUs, each block at once on (chunk, b, d, n) tensors (`linear_scan`). With Δ >= 0 and
+A <= 0 every exponent is <= 0 and nothing is divided by a decay, so all three are finite at any length.
 """
 from dataclasses import dataclass
 import math
@@ -318,7 +318,7 @@ class SelectiveScan(torch.autograd.Function):
     Returns (y + D u) SiLU(z) (l, b, d), with Δ = softplus(delta + delta_bias), and the last state
     (b, d, n); the skip, gate, bias and softplus are inside, as in the official kernel, so that a
     layer keeps one copy of each input for the backward and nothing per step. Modes "sequential"
-    and "compiled" (each step fused by torch.compile) keep the state entering every block of `chunk`
+    and "compiled" (fused by torch.compile) keep the state entering every block of `chunk`
     steps: O(b d n l / chunk) per layer instead of autograd's O(b d n l). The backward walks the
     blocks from the last: it recomputes a block's states from its entering state, then runs the
     adjoint recurrence backwards in time,
@@ -339,8 +339,9 @@ class SelectiveScan(torch.autograd.Function):
             out, last, starts = scan_chunks(u, delta, A, B, C, D, z, delta_bias, softplus, chunk)
             y = None
         else:
-            y, last, starts = scan_blocks(u, step_sizes(delta, delta_bias, softplus), A, B, C, chunk, mode)
-            out = gate(y, u, D, z)
+            ops = OPS[mode]
+            y, last, starts = scan_blocks(u, ops["step_sizes"](delta, delta_bias, softplus), A, B, C, chunk, mode)
+            out = ops["gate"](y, u, D, z)
         ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias, starts, y if z is not None else None)
         return out, last
 
@@ -355,12 +356,13 @@ class SelectiveScan(torch.autograd.Function):
             if ctx.mode == "chunked":
                 return *scan_chunks_backward(u, delta, A, B, C, D, z, delta_bias, ctx.softplus, gy, g, starts,
                                              ctx.chunk), None, None, None
-            gy, g_z, g_D = gate_backward(gy, y, u, D, z)
-            dt = step_sizes(delta, delta_bias, ctx.softplus)
+            ops = OPS[ctx.mode]
+            gy, g_z, g_D = ops["gate_backward"](gy, y, u, D, z)
+            dt = ops["step_sizes"](delta, delta_bias, ctx.softplus)
             gu, gdt, gA, gB, gC = scan_blocks_backward(u, dt, A, B, C, gy, g, starts, ctx.chunk, ctx.mode)
             if D is not None:
                 gu += gy * D
-            g_delta, g_bias = delta_backward(gdt, delta, delta_bias, ctx.softplus)
+            g_delta, g_bias = ops["delta_backward"](gdt, delta, delta_bias, ctx.softplus)
             return gu, g_delta, gA, gB, gC, g_D, g_z, g_bias, None, None, None
 
 
@@ -431,12 +433,16 @@ class Fused:
             return self.fn(*args)
 
 
-STEPS = {"sequential": (scan_step, adjoint_step), "compiled": (Fused(scan_step), Fused(adjoint_step))}
+# what the sequential modes run: the steps, and the passes over (l, b, d) around the loop, which "compiled" fuses
+# too (eager, the gate's backward alone makes eight passes over memory, some of them across z's transposed layout)
+OPS = {"sequential": dict(step=scan_step, adjoint=adjoint_step, step_sizes=step_sizes, gate=gate,
+                          gate_backward=gate_backward, delta_backward=delta_backward)}
+OPS["compiled"] = {name: Fused(fn) for name, fn in OPS["sequential"].items()}
 
 
 def scan_blocks(u, delta, A, B, C, chunk, mode):
     """SelectiveScan's sequential forward: y (l, b, d), the last state and the state entering every block."""
-    step = STEPS[mode][0]
+    step = OPS[mode]["step"]
     (l, b, d), n = u.shape, A.shape[1]
     h, starts, y = u.new_zeros(b, d, n), [], torch.empty_like(u)
     for t in range(l):
@@ -448,7 +454,7 @@ def scan_blocks(u, delta, A, B, C, chunk, mode):
 
 def scan_blocks_backward(u, delta, A, B, C, gy, g, starts, chunk, mode):
     """SelectiveScan's sequential backward: recompute each block from its entering state, then step back."""
-    step, adjoint = STEPS[mode]
+    step, adjoint = OPS[mode]["step"], OPS[mode]["adjoint"]
     gu, gdelta, gB, gC = (torch.empty_like(t) for t in (u, delta, B, C))
     gA = torch.zeros_like(A)
     for i in reversed(range(len(starts))):
