@@ -307,7 +307,7 @@ def test_help_opens_with_train_pys_own_description_and_the_runs_values(capsys):
     first = " ".join(train.__doc__.strip().split("\n\n")[0].split())
     assert text.startswith("usage: train.py") and text.split(" options: ")[0].endswith(first)
     assert "Settings: the training defaults" not in text  # presets.py's own docstring
-    assert "training steps (default 1500)" in text and "(default out/recall_transformer)" in text  # recall, quick
+    assert "training steps (default 300)" in text and "(default out/recall_transformer)" in text  # recall, quick
     assert "(default )" not in text and "N stored key-value pairs (default 8)" in text
 
 
@@ -337,9 +337,11 @@ def test_every_flag_shows_the_value_the_run_takes(monkeypatch, preset):
                 assert took["curriculum_iters"] == took["max_iters"] // 2
                 took["curriculum_iters"] = 0
             assert helps == {k: shown(took[k]) for k in helps}, (task, model)
-    _, _, parser = presets.parse_args(["--preset", preset])  # recall: quick runs 1,500 steps, not 2,000
+    _, _, parser = presets.parse_args(["--preset", preset])  # recall: quick's transformer runs 300 steps, not 2,000
     steps = next(a.help for a in parser._actions if a.dest == "max_iters")
-    assert steps.endswith(f"(default {presets.PRESETS[preset]['recall']['train']['max_iters']})")
+    recall = presets.PRESETS[preset]["recall"]
+    expect = recall["transformer"].get("train", {}).get("max_iters", recall["train"]["max_iters"])
+    assert steps.endswith(f"(default {expect})")
 
 
 def test_schedule_warms_up_decays_by_cosine_and_stays_at_the_minimum():
