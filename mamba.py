@@ -434,7 +434,7 @@ class Fused:
 
 
 # what the sequential modes run: the steps, and the passes over (l, b, d) around the loop, which "compiled" fuses
-# too (eager, the gate's backward alone makes eight passes over memory, some of them across z's transposed layout)
+# too (eager, the gate's backward alone makes a dozen passes over memory, some across z's transposed layout)
 OPS = {"sequential": dict(step=scan_step, adjoint=adjoint_step, step_sizes=step_sizes, gate=gate,
                           gate_backward=gate_backward, delta_backward=delta_backward)}
 OPS["compiled"] = {name: Fused(fn) for name, fn in OPS["sequential"].items()}
