@@ -339,9 +339,8 @@ def test_every_flag_shows_the_value_the_run_takes(monkeypatch, preset):
             assert helps == {k: shown(took[k]) for k in helps}, (task, model)
     _, _, parser = presets.parse_args(["--preset", preset])  # recall: quick's transformer runs 300 steps, not 2,000
     steps = next(a.help for a in parser._actions if a.dest == "max_iters")
-    recall = presets.PRESETS[preset]["recall"]
-    expect = recall["transformer"].get("train", {}).get("max_iters", recall["train"]["max_iters"])
-    assert steps.endswith(f"(default {expect})")
+    took = presets.build_config("recall", "transformer", preset, {})["train"]["max_iters"]
+    assert steps.endswith(f"(default {took})")
 
 
 def test_schedule_warms_up_decays_by_cosine_and_stays_at_the_minimum():
