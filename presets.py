@@ -183,8 +183,8 @@ PRESETS = {
 # (results/recall_paper.md). The run stops once a held-out evaluation reaches 99%.
 # Mamba starts as linear attention (mimetic), trains on every stored key, and holds the store at 8 pairs for 750
 # steps: bound to every key there, it kept them as the store grew; grown from the start, it bound about half of the
-# 256 keys and stalled at 55%. Most runs bind within the 750 steps; some do not (seed 1338, and seed 1339 on one
-# thread: the floating-point rounding alone decides some seeds). Mamba stops at step 2,000, where the store has
+# 256 keys and stalled at 55%. 8 of 12 runs bound within the 750 steps; which ones, the seed decides and even the
+# floating-point rounding (seed 1339 bound on 2 threads, not on 1). Mamba stops at step 2,000, where the store has
 # reached 64 pairs, on the first half of a 4,000-step decay: 91.8-92.9% there on seed 1337. A full-store step costs
 # ~4 s on 2 CPU threads, so the rest of the decay is hours more (`--resume --max_iters 4000` runs it on).
 PRESETS["cpu_paper_task"] = dict(PRESETS["quick"], recall=dict(
