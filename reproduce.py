@@ -295,7 +295,7 @@ TARGETS = {"bijection": "mae_curve<=0.01", "hmm": "mae_token<=0.025", "recall": 
 # after the stop, hmm's and regression's mean-curve crossings at or before it
 ALSO = {"bijection": "mae_token<=0.01", "hmm": "mae_curve<=0.025", "regression": "mae_curve<=0.05"}
 FAST = {  # train.py flags on top of the quick preset; results/time_to_target.md has the runs that chose them
-    "bijection": ["--lr", "4e-3"],
+    "bijection": [],
     "hmm": ["--batch_size", "32", "--max_iters", "3000"],  # fewer sequences to the target, at half the step
     "recall": [],
     "regression": [],
@@ -344,8 +344,8 @@ def time_to_target(argv):
     evaluation that meets the target (train.py --stop_at); anything after `--` goes to train.py
     (`-- --device cuda --compile`). The quick preset's schedules are sized for its final numbers
     (results/table.md); the fast recipe (FAST) keeps its model and changes only the schedule, so that
-    the run is quick to the target rather than best at the end (bijection: a higher peak rate; hmm: half
-    the batch over 3,000 steps); `--recipe preset` runs the preset's own schedule.
+    the run is quick to the target rather than best at the end (hmm: half the batch over 3,000 steps);
+    `--recipe preset` runs the preset's own schedule.
 
     Reported: the training steps and sequences (steps x batch size: the same on any machine) and the run's
     wall time (evaluations included) at that evaluation, with the CPU it was measured on (bench.machine);
