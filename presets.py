@@ -104,7 +104,7 @@ PRESETS = {
         "bijection": dict(train=dict(max_iters=6000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000),
                           # Muon: 0.0115 bits per token against AdamW's 0.0138, ahead at every evaluation; at half
                           # the batch and twice the rate the mean curve crosses 0.01 by step 5,250 (seeds 1337, 1339)
-                          # where batch 64 at 2e-3 ended at 0.0114, each step at 0.6 of the cost (results/time_to_target.md)
+                          # where batch 64 at 2e-3 ended at 0.0114, a step at 0.6 of its cost (time_to_target.md)
                           transformer=dict(n_layer=3, n_head=4, d_model=128,
                                            train=dict(optimizer="muon", batch_size=32, lr=4e-3)),
                           mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=192),
