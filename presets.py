@@ -2,13 +2,14 @@
 Settings: the training defaults (TRAIN), the presets per task and model, and the command line that
 layers them: defaults < preset < flags. train.py, reproduce.py and the other scripts read them here.
 
-Presets: `quick` (the default, minutes on a 2-core CPU), `paper` (the paper's sizes and schedules,
+Presets: `quick` (the default, sized for a 2-core CPU), `paper` (the paper's sizes and schedules,
 for a GPU) and `cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum).
 Each entry holds `train` (training-loop settings), `task` (task options) and one dict per
 model (model options, and under `train` that model's own training settings, e.g. its optimizer). The
 paper sizes follow the paper (arXiv 2512.22471) and the authors' released code; the quick sizes were
-chosen by measurement on a 2-core CPU (results/table.md has what they reach). `mlp_pos` holds the
-options of the MLP's other reading (`--model mlp --per_position`), a row of its own in reproduce.py.
+chosen by measurement on a 2-core CPU (results/table.md has what they reach and how long each takes).
+`mlp_pos` holds the options of the MLP's other reading (`--model mlp --per_position`), a row of its own
+in reproduce.py.
 
 `match_width` sizes a model to a parameter budget (train.py --match_params), for capacity-matched
 comparisons.
@@ -100,23 +101,23 @@ RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "l
 
 
 PRESETS = {
-    "quick": {  # minutes on a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%
+    "quick": {  # sized for a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%
         "bijection": dict(train=dict(max_iters=6000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000),
-                          # Muon: 0.0115 bits per token against AdamW's 0.0138, ahead at every evaluation; at half
-                          # the batch and twice the rate the mean curve crosses 0.01 by step 5,250 (seeds 1337, 1339)
-                          # where batch 64 at 2e-3 ended at 0.0114, a step at 0.6 of its cost (time_to_target.md)
+                          # the transformer: Muon, ahead of AdamW at every evaluation; at half the batch and twice
+                          # the rate it reaches the paper's level within its schedule, which batch 64 at 2e-3 did
+                          # not, and at a cheaper step (results/time_to_target.md)
                           transformer=dict(n_layer=3, n_head=4, d_model=128,
                                            train=dict(optimizer="muon", batch_size=32, lr=4e-3)),
                           mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=192),
                           mlp=dict(n_layer=6, d_model=197), mlp_pos=dict(n_layer=6, d_model=220, per_position=True)),
-        # hmm transformer: Muon leaves the uninformed plateau within ~300 steps; learned rows for the header
+        # hmm transformer: Muon leaves the uninformed plateau that AdamW sits on; learned rows for the header
         # tokens (which cell of T or E each one is: 53 of them at 5 x 5, HEADER_ROWS follows --n_states and
         # --n_obs) and one shared row for every observation position, with
         # ALiBi giving the order of the observations, so K = 30 and 50 meet no untrained position; a window of
         # 16 tokens (8 observations, past which the filter has forgotten) besides the header, so that the
         # header's share of attention does not dilute as K grows past the trained 20.
-        # hmm Mamba: the same header rows, and the authors' LayerNorm on y; with both it tracks the filter to
-        # 0.015 bits per token, with neither 0.125 (results/mamba.md)
+        # hmm Mamba: the same header rows (the official block has no position input with which to tell the header's
+        # cells apart), and the authors' LayerNorm on y, which helps most once the rows are there (results/mamba.md)
         "hmm": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_K=[30, 50]),
                     transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=HEADER_ROWS, window=16,
                                      train=dict(optimizer="muon")),
@@ -124,9 +125,9 @@ PRESETS = {
                     lstm=dict(n_layer=2, d_model=166, pos="none"),
                     mlp=dict(n_layer=6, d_model=113), mlp_pos=dict(n_layer=6, d_model=185, per_position=True)),
         # regression: the inputs vary in 2 of the 8 dimensions at first, all 8 from step 1,000 (Garg et al. grow
-        # the dimension too): the transformer reaches 0.056 bits per token in 4,000 steps where it reached 0.174
-        # without. It trains 7,000 steps, with 6 layers at its parameter count: 0.045-0.049 in under 15 minutes
-        # on 2 CPU threads (8,000 steps: 0.040-0.045, in 16; results/regression.md)
+        # the dimension too), without which the transformer stays far from the posterior. It trains 7,000 steps,
+        # which fit 15 minutes alone on 2 CPU threads, with 6 layers at its parameter count, where depth helped
+        # (results/regression.md)
         "regression": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000,
                                       curriculum="d_active=2", curriculum_iters=1000),
                            transformer=dict(n_layer=6, n_head=4, d_model=104,
@@ -141,13 +142,13 @@ PRESETS = {
                        train=dict(max_iters=1500, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=250),
                        # the transformer stops once a check during training (every 50 steps, 500 sequences of
                        # their own) reaches 99.9%. Its short schedule (lr 6e-3 with a 50-step warm-up, decayed
-                       # over 300 steps) stops at step 200-250 (seeds 1, 1337-1339), where lr 2e-3 over 1,500
-                       # steps stopped at 450 (results/time_to_target.md)
+                       # over 300 steps) gets there in fewer steps than lr 2e-3 over 1,500 did
+                       # (results/time_to_target.md)
                        transformer=dict(n_layer=2, n_head=16, d_model=128, pos="alibi",
                                         train=dict(optimizer="muon", stop_at="accuracy>=0.999", eval_interval=50,
                                                    lr=6e-3, warmup_iters=50, max_iters=300)),
-                       # Mamba binds with 32 state dimensions per channel and Muon: 100% by step 1,000; with
-                       # 16 it sat near 21% (results/mamba.md)
+                       # Mamba binds with 32 state dimensions per channel and Muon; with 16 it stays near the
+                       # "one of the stored values" plateau (results/mamba.md)
                        mamba=dict(n_layer=2, d_model=128, d_state=32, train=dict(optimizer="muon")),
                        lstm=dict(n_layer=2, d_model=154),
                        mlp=dict(n_layer=4, d_model=156), mlp_pos=dict(n_layer=4, d_model=215, per_position=True)),
@@ -182,15 +183,15 @@ PRESETS = {
 
 # the quick preset with the paper's recall task (64 pairs from 256 keys and 256 values, 32 filler, 3 queries). The
 # store grows from 8 pairs to 64 over 2,000 steps (short sequences first, so early steps are cheap); the quick
-# transformer left the uniform level (loss ln 256) near step 650 and kept binding as the store grew
-# (results/recall_paper.md). The run stops once a held-out evaluation reaches 99%.
+# transformer leaves the uniform level (loss ln 256) partway and keeps binding as the store grows. The run stops
+# once a held-out evaluation reaches 99%.
 # Mamba starts as linear attention (mimetic), trains on every stored key, and holds the store at 8 pairs for 750
-# steps: bound to every key there, it kept them as the store grew; grown from the start, it bound about half of the
-# 256 keys and stalled at 55%. Whether a run binds in the hold the seed decides, and even the floating-point
-# rounding; lr 4e-3 binds more of them than 2e-3 (three of four seeds, against 8 of 12 runs). Mamba stops at step
-# 2,000, where the store has reached 64 pairs, on the first half of a 4,000-step decay: 94-97% there where it bound
-# in the hold; a seed that did not binds late, at the full store. A full-store step costs 2-4 s on 2 CPU threads,
-# so the rest of the decay is hours more (`--resume --max_iters 4000` runs it on).
+# steps: bound to every key there, it keeps them as the store grows; grown from the start, it bound about half of
+# the 256 keys and stalled. Whether a run binds in the hold the seed decides, and even the floating-point rounding;
+# lr 4e-3 binds more of them than 2e-3. Mamba stops at step 2,000, where the store has just reached 64 pairs, on
+# the first half of a 4,000-step decay, so that the command ends with its own final evaluation; a seed that did not
+# bind in the hold binds late, at the full store. The full store's steps are the dearest, so the rest of the decay
+# is hours more on a CPU (`--resume --max_iters 4000` runs it on). Each run: results/recall_paper.md.
 PRESETS["cpu_paper_task"] = dict(PRESETS["quick"], recall=dict(
     PRESETS["quick"]["recall"], task=dict(n_pairs=64, n_queries=3, key_vocab=256, value_vocab=256, filler=32),
     train=dict(PRESETS["quick"]["recall"]["train"], max_iters=4000, curriculum="n_pairs=8", curriculum_iters=2000,
