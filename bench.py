@@ -44,6 +44,7 @@ import mamba
 from linear_attn import DEFAULT_CHUNK, RULES, memory
 from mamba import SCAN_MODES, selective_scan
 from oracles import Metrics
+import checkpoints
 import presets
 import runtime
 import train
@@ -192,7 +193,7 @@ def bench_matmul(argv):
         p.error("--threads, --n and --reps must be >= 1 and --ref_gflops > 0")
     if args.json:
         try:
-            runtime.check_out_dir(os.path.dirname(args.json) or ".", "--json")
+            checkpoints.check_out_dir(os.path.dirname(args.json) or ".", "--json")
         except ValueError as e:
             p.error(str(e))
     m = machine(args.threads, args.n, args.reps)
@@ -204,7 +205,7 @@ def bench_matmul(argv):
     print(f"rule of thumb: a CPU run timed at {args.ref_gflops:g} GFLOP/s takes ~{factor:.2f}x as long here "
           f"(1m00s there: ~{runtime.fmt_time(60 * factor)} here)")
     if args.json:
-        runtime.write_json(args.json, m | dict(ref_gflops=args.ref_gflops, time_factor=factor))
+        checkpoints.write_json(args.json, m | dict(ref_gflops=args.ref_gflops, time_factor=factor))
         print(f"wrote {args.json}")
     return 0
 
@@ -383,7 +384,7 @@ def bench_train(argv):
         presets.check_device(args.device)
         runtime.pick_device(args.device)
         if args.json:  # before the work, not after it
-            runtime.check_out_dir(os.path.dirname(args.json) or ".", "--json")
+            checkpoints.check_out_dir(os.path.dirname(args.json) or ".", "--json")
             if os.path.isdir(args.json):
                 raise ValueError(f"--json {args.json}: is a folder; give a file name")
     except ValueError as e:
@@ -414,7 +415,7 @@ def bench_train(argv):
     if not rows:
         p.exit(2, f"{p.prog}: error: every row failed (see the reasons above)\n")
     if args.json:
-        runtime.write_json(args.json, rows)
+        checkpoints.write_json(args.json, rows)
         print(f"wrote {args.json}")
     return 0
 
@@ -821,7 +822,7 @@ def bench_gpu(argv):
     try:
         presets.check_device(args.device)
         dev = runtime.pick_device(args.device)
-        runtime.check_out_dir(os.path.dirname(args.json) or ".", "--json")
+        checkpoints.check_out_dir(os.path.dirname(args.json) or ".", "--json")
         if os.path.isdir(args.json):
             raise ValueError(f"--json {args.json}: is a folder; give a file name")
     except ValueError as e:
@@ -841,7 +842,7 @@ def bench_gpu(argv):
             print(f"{check:<9} {cell:<34} {r['status']:<6} {num(r['peak_mb'], '8.0f'):>8} "
                   f"{num(r['tokens_per_s'], '9.0f'):>9} {r['seconds']:6.1f}  {r['note']}", flush=True)
     failed = [r for r in rows if r["status"] == "fail"]
-    runtime.write_json(args.json, dict(device=str(dev), name=name, torch=torch.__version__, dry_run=args.dry_run,
+    checkpoints.write_json(args.json, dict(device=str(dev), name=name, torch=torch.__version__, dry_run=args.dry_run,
                                        passed=not failed, rows=rows))
     print(f"{len(rows) - len(failed)} of {len(rows)} cells passed or skipped, {len(failed)} failed; wrote {args.json}")
     return 1 if failed else 0

@@ -15,7 +15,6 @@ chain error, the head rules, accuracy, tracking error) is defined in the docstri
 capacity_point, propagation and chain_errors, depth_width, drift with drift_stream and track. summary.md tabulates
 the numbers; results/conditioning.md reads them against the paper.
 """
-from contextlib import redirect_stderr, redirect_stdout
 import json
 import math
 import os
@@ -26,6 +25,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+import checkpoints
 import presets
 import runtime
 import train
@@ -308,10 +308,9 @@ def depth_width(args):
                     argv = [f"--{k}={v}" for k, v in flags.items()] + extra + ["--overwrite"]  # scratch runs
                     os.makedirs(out_dir, exist_ok=True)
                     log = os.path.join(out_dir, "train.log")
-                    with open(log, "w", buffering=1) as f, redirect_stdout(f), redirect_stderr(f), \
-                            warnings.catch_warnings():
+                    with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # the zero-width MLP's "Initializing zero-element tensors"
-                        code = train.main(argv)
+                        code = runtime.run_in_process(train.main, argv, log, "w", contain=False)
                     if code not in (0, 1):  # 1: diverged, the loss or the parameters stopped being finite
                         raise ChildProcessError(code, f"train.py stopped with exit code {code} (the log says why)", log)
                     acc = n_params = None  # a diverged run writes no results.json
@@ -588,7 +587,7 @@ def parse_args(argv):
     try:  # before the work, not after it
         for flag in ("results", "scratch"):
             if hasattr(args, flag):
-                runtime.check_out_dir(getattr(args, flag), f"--{flag}")
+                checkpoints.check_out_dir(getattr(args, flag), f"--{flag}")
     except ValueError as e:
         p.error(str(e))
     return args, p
@@ -603,7 +602,7 @@ def save_figure(figure, result, path):
     for a in fig.axes:
         a.legend(fontsize=7)
     fig.tight_layout()
-    runtime.write_file(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    checkpoints.write_file(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
     return True
 
@@ -619,7 +618,7 @@ def main(argv=None):
             t0 = time.time()
             result = steps[name][0](args)
             result["wall_s"] = time.time() - t0
-            runtime.write_json(path(name, "json"), result)
+            checkpoints.write_json(path(name, "json"), result)
             png = save_figure(steps[name][1], result, path(name, "png"))
             print(f"wrote {path(name, 'json')}{' and .png' if png else ''} [{result['wall_s']:.0f}s]", flush=True)
         if args.command in ("all", "summary"):
@@ -630,7 +629,7 @@ def main(argv=None):
                         results[name] = json.load(f)
                     if args.command == "summary":  # the figures too, from the same json
                         save_figure(steps[name][1], results[name], path(name, "png"))
-            runtime.write_text(path("summary", "md"), summary(results))
+            checkpoints.write_text(path("summary", "md"), summary(results))
             print(f"wrote {path('summary', 'md')}")
     except ValueError as e:  # bad sizes reach the memory or the task as ValueError
         p.exit(2, f"conditioning.py: error: {e}\n")

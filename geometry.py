@@ -39,7 +39,8 @@ from oracles import LOG2, Metrics, entropy_bits, gaussian_kl_bits, oracle
 from tasks import make_task
 from presets import MODELS, Parser
 from transformer import attn_bias
-from runtime import cli, load_checkpoint, pyplot, write_file, write_json
+from checkpoints import load_checkpoint, write_file, write_json
+from runtime import cli, pyplot
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
 ATTENTION = ("transformer",)  # models with softmax attention: queries, keys, attention maps

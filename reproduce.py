@@ -19,7 +19,6 @@ Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) and
 (write_table). Only `--results results` writes the committed results/, so a partial sweep never
 replaces that table.
 """
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
 import json
 import os
@@ -27,11 +26,11 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 
 import torch
 
 import bench
+import checkpoints
 import presets
 import runtime
 from tasks import make_task
@@ -93,18 +92,6 @@ def load_results(out_dir):
         return None
 
 
-def run_in_process(argv, log):
-    """One cell in this process, its output to log; returns the exit code."""
-    with open(log, "a", buffering=1) as f, redirect_stdout(f), redirect_stderr(f):
-        try:
-            return train.main(argv)
-        except SystemExit as e:
-            return e.code
-        except Exception:  # a crashed cell must not stop the sweep
-            traceback.print_exc()
-            return 1
-
-
 def note_command(log, argv):
     with open(log, "a") as f:
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} train.py {' '.join(argv)}\n")
@@ -121,7 +108,7 @@ def claim(label, log):
     """The lock of the cell's folder, taken before its log is written to (train.py, started by this process, takes
     it over), or None, said in one line, where another run holds the folder: that run's log is left alone."""
     try:
-        return runtime.lock_out_dir(os.path.dirname(log))
+        return checkpoints.lock_out_dir(os.path.dirname(log))
     except ValueError as e:
         print(f"{label[0]} x {label[1]}: not run: {e}", flush=True)
         return None
@@ -143,9 +130,9 @@ def run_cells(todo, jobs, n_gpus):
             note_command(log, argv)
             t0 = time.time()
             try:
-                rc = run_in_process(argv, log)
+                rc = runtime.run_in_process(train.main, argv, log)  # a crash is a failed cell
             finally:
-                runtime.unlock_out_dir(lock)  # train.py's by now, and released: nothing left to do
+                checkpoints.unlock_out_dir(lock)  # train.py's by now, and released: nothing left to do
             yield label, rc, time.time() - t0
         return
     queue, running, gpus = list(todo), {}, visible_gpus(n_gpus)  # slot -> (label, process, log file, start)
@@ -174,13 +161,13 @@ def run_cells(todo, jobs, n_gpus):
                 if p.poll() is not None:
                     f.close()
                     del running[slot]
-                    runtime.unlock_out_dir(locks.pop(slot))  # still this process's if train.py never took it
+                    checkpoints.unlock_out_dir(locks.pop(slot))  # still this process's if train.py never took it
                     yield label, p.returncode, time.time() - t0
     finally:  # interrupted (or the caller stopped): the cells still training stop too, and are waited for
         stop(running.values())
         for lock in locks.values():
             if lock:
-                runtime.unlock_out_dir(lock)
+                checkpoints.unlock_out_dir(lock)
 
 
 def stop(running, grace=60):
@@ -225,7 +212,7 @@ def figure(task, rows, path):
     ax.set(xlabel="query position", ylabel="mean entropy (bits)", title=f"{task}: model vs exact posterior entropy")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    runtime.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    checkpoints.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return True
 
@@ -282,7 +269,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
         lines.append("")
     lines += ["## Notes", "", PAPER_NOTES, ""]
     path = os.path.join(results_dir, "table.md")
-    runtime.write_text(path, "\n".join(lines))
+    checkpoints.write_text(path, "\n".join(lines))
     return path
 
 # -----------------------------------------------------------------------------
@@ -380,7 +367,7 @@ def time_to_target(argv):
     if args.eval_interval < 1:
         p.error(f"--eval_interval must be >= 1, got {args.eval_interval}")
     try:  # before the work, not after it
-        runtime.check_out_dir(args.results, "--results")
+        checkpoints.check_out_dir(args.results, "--results")
     except ValueError as e:
         p.error(str(e))
     cpu = None if args.from_runs else bench.machine(torch.get_num_threads())  # what the wall times below ran on
@@ -421,8 +408,8 @@ def time_to_target(argv):
     lines += ["", f"Wall times on: {bench.describe(cpu)}" if cpu else "Wall times: each run's own machine."]
     print("\n".join(lines))
     name = "time_to_target_" + ("from_runs" if args.from_runs else args.recipe)
-    runtime.write_text(os.path.join(args.results, name + ".md"), "\n".join(lines) + "\n")
-    runtime.write_json(os.path.join(args.results, name + ".json"), [w | dict(machine=cpu) for w in rows])
+    checkpoints.write_text(os.path.join(args.results, name + ".md"), "\n".join(lines) + "\n")
+    checkpoints.write_json(os.path.join(args.results, name + ".json"), [w | dict(machine=cpu) for w in rows])
     return 0
 
 # -----------------------------------------------------------------------------
@@ -473,7 +460,7 @@ def main(argv=None):
     args, extra = parse_args(argv)
     try:
         return sweep(args, extra)
-    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (runtime.write_file)
+    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (checkpoints.write_file)
         print(f"reproduce.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; finished cells and the "
               f"files written before are kept", file=sys.stderr)
         return 1
@@ -497,7 +484,7 @@ def sweep(args, extra):
             todo.append(((task, model), argv + resume, os.path.join(out_dir, "train.log")))
     try:  # before any cell runs
         for flag, path in (("--out", out_root), ("--results", args.results)):
-            runtime.check_out_dir(path, flag)
+            checkpoints.check_out_dir(path, flag)
     except ValueError as e:
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         return 2

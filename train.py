@@ -8,7 +8,8 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
 
 Settings: defaults < preset < flags (presets.py; `--help` shows their values). Recipe: AdamW or Muon; warmup, cosine
 decay, clipping; a fresh seeded batch every step (a growing task under --curriculum); held-out checks on sequences of
-their own (--eval_seed_during) can end the run (--stop_at); checkpoints; results.json. Plumbing: runtime.py.
+their own (--eval_seed_during) can end the run (--stop_at); checkpoints; results.json. Plumbing: runtime.py; the
+run's files: checkpoints.py.
 """
 from dataclasses import asdict, fields, replace
 import math
@@ -19,12 +20,12 @@ import time
 
 import torch
 
+from checkpoints import checkpoint, load_checkpoint, print0, resume, write_json
 from oracles import Metrics
 from presets import (IO_FIELDS, MODELS, build_config, check_train, during_seed, fit_block_size, match_width,
                      parse_args, resume_config)
-from runtime import (CompiledOrEager, Optimizers, autocast, checkpoint, cli, code_version, data_parallel, data_source,
-                     fmt_time, global_mean, guarded, load_checkpoint, oom_hint, prepare_out_dir, print0, resume,
-                     write_json)
+from runtime import (CompiledOrEager, Optimizers, autocast, cli, code_version, data_parallel, data_source, fmt_time,
+                     global_mean, guarded, oom_hint, prepare_out_dir)
 from tasks import make_task
 
 

@@ -203,7 +203,7 @@ def test_a_full_disk_is_one_line_and_exit_code_1(tmp_path, monkeypatch, capsys):
 
         def write(self, data):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(C.runtime, "open", Full, raising=False)  # runtime.write_text's open
+    monkeypatch.setattr(C.checkpoints, "open", Full, raising=False)  # checkpoints.write_text's open
     assert run(["drift", "--results", str(tmp_path)] + TOY[TOY.index("--variants"):]) == 1
     err = capsys.readouterr().err.strip()
     assert err == (f"conditioning.py: error: {tmp_path / 'drift.json'}: No space left on device; "

@@ -11,6 +11,7 @@ from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
 import bench
+import checkpoints
 import reproduce
 import runtime
 import train
@@ -205,12 +206,13 @@ def test_checkpoints_hold_the_cuda_rng_state(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": state.clone())
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.append((s, device)))
     dev = torch.device("cuda:0")
-    saved = runtime.rng_state(dev)
+    saved = checkpoints.rng_state(dev)
     assert set(saved) == {"torch_rng", "cuda_rng"} and torch.equal(saved["cuda_rng"], state)
-    runtime.set_rng_state(saved, dev)
+    checkpoints.set_rng_state(saved, dev)
     assert len(restored) == 1 and torch.equal(restored[0][0], state) and restored[0][1] == dev
-    assert set(runtime.rng_state(torch.device("cpu"))) == {"torch_rng"}
-    runtime.set_rng_state(runtime.rng_state(torch.device("cpu")), dev)  # a CPU run resumed on a GPU: the seeded state
+    assert set(checkpoints.rng_state(torch.device("cpu"))) == {"torch_rng"}
+    # a CPU run resumed on a GPU: the seeded state
+    checkpoints.set_rng_state(checkpoints.rng_state(torch.device("cpu")), dev)
     assert len(restored) == 1
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+import checkpoints
 import geometry
-import runtime
 import train
 from cli import exit_code
 from tasks import make_task
@@ -305,7 +305,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["bij", "mamba"])
 def test_the_init_baseline_is_the_runs_initialisation(runs, name):
-    state = runtime.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
+    state = checkpoints.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
     torch.manual_seed(state["config"]["train"]["seed"])  # as train.run does before train.build
     _, _, model, _, _ = train.build(state["config"], torch.device("cpu"))
     fresh = geometry.build_model(state, trained=False)
@@ -475,7 +475,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_files_written_before(runs, monkey
     def full(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(runtime.os, "replace", full)  # write_file's rename: the new file never lands
+    monkeypatch.setattr(checkpoints.os, "replace", full)  # write_file's rename: the new file never lands
     capsys.readouterr()
     assert geometry_main(["ablate", "--ckpt", runs["lstm"], "--n_seq", "8", "--no_plot"]) == 1
     err = capsys.readouterr().err
