@@ -12,6 +12,7 @@ import torch.utils._pytree as pytree
 
 import bench
 import checkpoints
+import hardware
 import reproduce
 import runtime
 import train
@@ -285,13 +286,13 @@ def test_bench_scan_warms_up_the_backward_before_measuring(monkeypatch):
 def test_bench_synchronises_mps_and_reads_the_resident_set_by_platform(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.mps, "synchronize", lambda: calls.append("mps"))
-    bench.syncer(torch.device("mps"))()
+    hardware.syncer(torch.device("mps"))()
     assert calls == ["mps"]
-    monkeypatch.setattr(bench.resource, "getrusage", lambda who: bench.argparse.Namespace(ru_maxrss=3000))
-    monkeypatch.setattr(bench.sys, "platform", "darwin")  # bytes
-    assert bench.max_rss() == 3000
-    monkeypatch.setattr(bench.sys, "platform", "linux")  # kilobytes
-    assert bench.max_rss() == 3000 * 1024
+    monkeypatch.setattr(hardware.resource, "getrusage", lambda who: bench.argparse.Namespace(ru_maxrss=3000))
+    monkeypatch.setattr(hardware.sys, "platform", "darwin")  # bytes
+    assert hardware.max_rss() == 3000
+    monkeypatch.setattr(hardware.sys, "platform", "linux")  # kilobytes
+    assert hardware.max_rss() == 3000 * 1024
 
 
 def test_reproduce_keeps_an_inherited_cuda_visible_devices(tmp_path, monkeypatch):
