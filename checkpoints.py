@@ -4,7 +4,8 @@ the lock of a run's folder. Every script that writes goes through here; the devi
 plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manager.py apart from common.py so).
 
 - checkpoints hold tensors and plain values only, so they load with weights_only=True (checkpoint, resume);
-  load_checkpoint renames the fields of older checkpoints (n_embd -> d_model) so that they still load;
+  load_checkpoint renames the fields of older checkpoints (n_embd -> d_model) so that they still load; load
+  gives a run's model (float64, eval mode) and task for analysis, build_model its initialisation too;
 - every file is written beside its name and renamed over it (write_file): a crash mid-write leaves the old
   file whole, and torch.save on a full disk (DISK_FULL) is an OSError naming the file;
 - a new run refuses a folder that holds another (run_files); a run locks its folder for its lifetime
@@ -22,6 +23,9 @@ import shutil
 
 import torch
 import torch.distributed as dist
+
+from presets import MODELS
+from tasks import make_task
 
 # torch.save's errors on a full or failing disk: "failed writing file", "unexpected pos N vs M", "iostream error"
 DISK_FULL = r"writ|unexpected pos|iostream error"
@@ -91,6 +95,35 @@ def resume(state, model, opt, batches, device, train):
                "from an uninterrupted run's")
         batches.gen.manual_seed(train["seed"] + state["iter"])
     return state["iter"], state["elapsed"], state["history"]
+
+# -----------------------------------------------------------------------------
+# a run's checkpoint as a model to analyse (geometry.py): float64, in eval mode
+
+
+def ckpt_path(path):
+    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+
+
+def build_model(state, trained=True):
+    """The checkpoint's model, or (trained=False) the run's initialisation, in float64 eval mode."""
+    if not trained:  # train.py seeds the global RNG with --seed, then builds the model
+        torch.manual_seed(state["config"]["train"]["seed"])
+    Config, Model = MODELS[state["config"]["model"]]
+    model = Model(Config(**state["model_config"]))
+    if trained:
+        model.load_state_dict(state["model"])
+    return model.double().eval()
+
+
+def load(path):
+    """(model, task, state) from a run's out_dir or a checkpoint file."""
+    state = load_checkpoint(ckpt_path(path))
+    try:
+        return build_model(state), make_task(state["config"]["task"], **state["config"]["task_opts"]), state
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"{ckpt_path(path)} is not a train.py checkpoint ({type(e).__name__}: {str(e)[:80]})") \
+            from None
+
 
 # -----------------------------------------------------------------------------
 # files: every write goes through a temporary name, so a crash mid-write leaves the old file whole

@@ -31,6 +31,7 @@ from checkpoints import (check_out_dir, lock_out_dir, print0, run_files, run_tmp
                          settle_aside, unlock_out_dir)
 
 VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_at reached, not finite, it failed
+
 # -----------------------------------------------------------------------------
 # devices: CPU, CUDA (bf16 autocast, torch.compile), MPS, torchrun
 
