@@ -338,12 +338,11 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
         back = proc.settle(keep_new=False)  # ended before its first checkpoint: the run it replaces stays
         if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
             raise
-        what = ("interrupted" if isinstance(e, KeyboardInterrupt) else
-                "out of memory " + getattr(e, "hint", "(try a smaller --batch_size or model)") if is_oom(e) else
-                f"{e.filename}: {e.strerror}" if e.filename else str(e))
-        kept = f"kept {proc.kept}" if proc.kept else \
-            "no checkpoint was saved" + ("; the run it was to replace is put back" if back else "")
-        print0(f"{prog}: error: {what} at step {proc.step}; {kept}", file=sys.stderr)
+        if proc.kept:
+            kept = f"kept {proc.kept}"
+        else:
+            kept = "no checkpoint was saved" + ("; the run it was to replace is put back" if back else "")
+        print0(f"{prog}: error: {fault(e)} at step {proc.step}; {kept}", file=sys.stderr)
         if isinstance(e, KeyboardInterrupt):  # a caller's sweep stops too; cli() makes it exit code 2
             e.reported_to = sys.stderr  # a sweep that sent it to a log file still says it on the console
             raise
@@ -357,6 +356,16 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
             p = os.path.dirname(p)
         if world > 1:
             dist.destroy_process_group()
+
+
+def fault(e):
+    """What happened, for the one-line report of a fault (guarded): Ctrl-C, out of memory (with oom_hint's hint of
+    where, else the training's), or an OSError such as a full disk (naming its file)."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    if is_oom(e):
+        return "out of memory " + getattr(e, "hint", "(try a smaller --batch_size or model)")
+    return f"{e.filename}: {e.strerror}" if e.filename else str(e)
 
 
 def is_oom(e):

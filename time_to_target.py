@@ -43,7 +43,7 @@ def metric(spec):
 
 def first_reached(history, spec, task_name):
     """(the first history entry that meets spec or None, the best entry)."""
-    stop, name = train.parse_stop(spec, make_task(task_name)), metric(spec)
+    stop, name = presets.parse_stop(spec, make_task(task_name)), metric(spec)
     best = (max if ">=" in spec else min)(history, key=lambda h: h[name]) if history else None
     return next((h for h in history if stop(h)), None), best
 
