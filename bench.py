@@ -194,29 +194,8 @@ def row(m):
             + (f" {1e3 * m['scan_fwd_s']:7.1f}/{1e3 * m['scan_bwd_s']:<7.1f}" if m.get("scan_fwd_s") else ""))
 
 
-def bench_train(argv):
-    """Training throughput of every model at its quick and paper sizes: what one step costs and where
-    its time goes, on this device.
-
-    Columns:
-    - step: forward + backward + gradient clipping + AdamW on one batch already on the device, the
-      train.py recipe and batch size (bf16 autocast and fused AdamW on CUDA). tokens/s = batch_size *
-      seq_len / step.
-    - FLOP/s: the FLOPs of one forward + backward (torch.utils.flop_counter: every matmul; attention as
-      the full T x T product, the usual convention; the LSTM's gate matmuls and the depthwise
-      convolution, which the counter misses or miscounts, by formula) over the step time. `of peak`
-      divides by the dense matmul FLOP/s measured in the same process (the best of square n x n
-      matmuls in the training dtype), so the ratio means the same on any machine.
-    - peak MB: over the measured steps (model, gradients, optimizer state, activations).
-    - data: drawing one training batch as train.py does (task.sample, which includes the HMM's soft
-      targets from the forward filter; on the GPU when training on CUDA, --data_chunk batches per call,
-      timed per batch) and moving it to the device. oracle: the exact posterior and the metrics for
-      one batch; train.py computes them at log steps only, so the share is amortised over
-      --log_interval steps. Both shares are of (data + step + amortised oracle).
-    - scan fwd/bwd (Mamba): the milliseconds of a step spent in the selective scan's forward and backward
-      (mamba.SelectiveScan, every layer), averaged over --reps steps; the rest of the step is the
-      projections, the convolution, norms, head and optimizer.
-    """
+def train_args(argv):
+    """bench_train's flags, checked before any work: (args, the models, the sizes, the parser)."""
     p = parser("train", bench_train)
     p.add_argument("--task", default="hmm", choices=list(presets.TASKS),
                    help="the task whose sizes and batches to use (default hmm)")
@@ -252,6 +231,33 @@ def bench_train(argv):
                 raise ValueError(f"--json {args.json}: is a folder; give a file name")
     except ValueError as e:
         p.error(str(e))
+    return args, models, sizes, p
+
+
+def bench_train(argv):
+    """Training throughput of every model at its quick and paper sizes: what one step costs and where
+    its time goes, on this device.
+
+    Columns:
+    - step: forward + backward + gradient clipping + AdamW on one batch already on the device, the
+      train.py recipe and batch size (bf16 autocast and fused AdamW on CUDA). tokens/s = batch_size *
+      seq_len / step.
+    - FLOP/s: the FLOPs of one forward + backward (torch.utils.flop_counter: every matmul; attention as
+      the full T x T product, the usual convention; the LSTM's gate matmuls and the depthwise
+      convolution, which the counter misses or miscounts, by formula) over the step time. `of peak`
+      divides by the dense matmul FLOP/s measured in the same process (the best of square n x n
+      matmuls in the training dtype), so the ratio means the same on any machine.
+    - peak MB: over the measured steps (model, gradients, optimizer state, activations).
+    - data: drawing one training batch as train.py does (task.sample, which includes the HMM's soft
+      targets from the forward filter; on the GPU when training on CUDA, --data_chunk batches per call,
+      timed per batch) and moving it to the device. oracle: the exact posterior and the metrics for
+      one batch; train.py computes them at log steps only, so the share is amortised over
+      --log_interval steps. Both shares are of (data + step + amortised oracle).
+    - scan fwd/bwd (Mamba): the milliseconds of a step spent in the selective scan's forward and backward
+      (mamba.SelectiveScan, every layer), averaged over --reps steps; the rest of the step is the
+      projections, the convolution, norms, head and optimizer.
+    """
+    args, models, sizes, p = train_args(argv)
     if args.one:
         print(json.dumps(measure_train(args.task, *args.one, args)))
         return 0
