@@ -24,7 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--d_model", "16",
         "--batch_size", "16", "--log_interval", "5", "--eval_samples", "50", "--eval_samples_during", "50"]
 MODEL_FILES = ("transformer.py", "mamba.py", "lstm.py", "mlp.py", "linear_attn.py")
-SCRIPTS = ("train.py", "geometry.py", "conditioning.py", "bench.py", "reproduce.py")
+SCRIPTS = ("train.py", "geometry.py", "geometry_attention.py", "conditioning.py", "bench.py", "hardware.py",
+           "reproduce.py", "time_to_target.py")
 PLUMBING = ("runtime.py", "checkpoints.py")
 
 
@@ -45,6 +46,20 @@ def test_a_model_file_imports_only_torch_einops_and_the_standard_library(path):
     assert found - {"torch", "einops"} <= set(sys.stdlib_module_names), found
     project = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
     assert not found & project, found & project
+
+
+def test_no_file_imports_one_that_imports_it_back():
+    """The top level imports downwards only: following the project's imports from any file never comes back to it."""
+    project = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
+    below = {m: imports(m + ".py") & project for m in project}
+    for m in project:
+        seen, todo = set(), list(below[m])
+        while todo:
+            n = todo.pop()
+            assert n != m, f"{m}.py imports a file that imports it back"
+            if n not in seen:
+                seen.add(n)
+                todo += below[n]
 
 
 def test_the_import_check_sees_a_project_import(tmp_path):
