@@ -10,7 +10,7 @@ plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manage
   file whole, and torch.save on a full disk (DISK_FULL) is an OSError naming the file;
 - a new run refuses a folder that holds another (run_files); a run locks its folder for its lifetime
   (lock_out_dir), and --overwrite sets the old run aside until the new one has saved (set_aside, settle_aside);
-- print0: rank 0 speaks for the run; it lives here, the lowest file that speaks (the lock's takeover says so).
+- print0: only rank 0 speaks for a run; it is here, below runtime.py, since a lock taken over says so in a line.
 """
 import builtins
 from contextlib import suppress

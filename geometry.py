@@ -27,8 +27,8 @@ does not apply, or a missing checkpoint: a one-line error (exit 2); weights that
 Where they are: keys, qk, ablate and dynamics (the attention side) in geometry_attention.py; values, clusters
 and belief (the representation side) here, with the command line and `seeds`; the float64 statistics they
 share in geometry_stats.py; a run's checkpoint as a float64 model (load) in checkpoints.py. Each diagnostic
-returns (numbers for the JSON, a function drawing the figure); the figures of the claims table over seeds are
-read from those numbers by its FIGURES function, written into its JSON as `figures`, and read from there by seeds.
+returns (numbers for the JSON, a function drawing the figure); its FIGURES function picks from those numbers the
+figures of the claims table over seeds, which main writes into the JSON as `figures` and seeds reads from there.
 """
 from functools import partial
 import glob

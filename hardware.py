@@ -1,7 +1,7 @@
 """
 The hardware under the runs: what the machine is, how a step is timed on its device, and whether its GPU or Mac
-paths work. bench.py's benchmarks and reproduce.py's time to target stand on the first two; `bench.py matmul`
-and `bench.py gpu` (its subcommands, dispatched from there) are the last two sections.
+paths work. bench.py's benchmarks and time_to_target.py stand on the first two; `bench.py matmul` and
+`bench.py gpu` (bench.py's subcommands, dispatched from there) are the last two sections.
 
 - the clock (time_and_peak): the best time of a step after warm-up, with the device's queued work waited for
   (CUDA and MPS run asynchronously), and the peak memory the step added: torch.cuda.max_memory_allocated on

@@ -1,17 +1,17 @@
 """
-The plumbing every training process shares, so that train.py holds only training: devices and autocast,
-data-parallel set-up and teardown under torchrun, torch.compile with an eager fallback, and the one-line
-reports of a fault. A run's files (checkpoints, files written whole, the folder's rules and lock) are
+The plumbing the scripts share, so that train.py holds only training: devices and autocast, data-parallel
+set-up and teardown under torchrun, torch.compile with an eager fallback, a run's process and the one-line
+reports of its faults. A run's files (checkpoints, files written whole, the folder's rules and lock) are
 checkpoints.py's.
 
 - devices: CUDA, then Apple MPS, then the CPU; bf16 autocast where the GPU has it natively (pick_device,
   autocast); under torchrun one GPU per process, NCCL on GPUs and gloo on CPUs (init_distributed), and rank 0
-  speaks for the run (print0, rank0s);
+  speaks for the run (rank0s, and checkpoints.print0);
 - torch.compile is a speed-up, never a requirement: the first failure, however late, means eager from then
   on, said in one line (CompiledOrEager);
 - a new run refuses a folder that holds another, and rank 0 takes its lock for every rank (prepare_out_dir);
-- a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded, cli);
-  Proc is one process's share of a run: device, rank, the step reached and the checkpoints written;
+- a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded, fault,
+  cli); Proc is one process's share of a run: device, rank, the step reached and the checkpoints written;
 - a script's main can run inside a sweep, its output to a log file (run_in_process).
 """
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
