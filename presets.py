@@ -419,6 +419,24 @@ def check_train(train):
     check_device(train["device"])
 
 
+def parse_stop(spec, task):
+    """--stop_at: 'metric<=x' or 'metric>=x' -> a test of an evaluation's metrics; '' -> None."""
+    if not spec:
+        return None
+    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
+    try:
+        x = float(m.group(3)) if m else None
+    except ValueError:
+        x = None
+    if x is None:
+        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
+                         "mae_curve, mae_token, kl, accuracy")
+    name, op = m.group(1), m.group(2)
+    if name == "accuracy" and task.gaussian:
+        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
+    return lambda r: name in r and (r[name] <= x if op == "<=" else r[name] >= x)
+
+
 def during_seed(train):
     """The seed of the evaluations during training (--eval_seed_during; -1: --eval_seed + 1)."""
     return train["eval_seed"] + 1 if train["eval_seed_during"] == -1 else train["eval_seed_during"]
