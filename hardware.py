@@ -335,15 +335,16 @@ def capped_cell(args, dev, task, preset, model):
     """train_cell with an evaluation, the process held to 16 GiB of the GPU (torch.cuda's memory fraction), as on
     a 16 GB card; on MPS and the CPU uncapped, the peak then checked against 16 GiB."""
     cap = 16 * 2**30
-    if dev.type == "cuda":
-        total = torch.cuda.get_device_properties(dev).total_memory
+    index = (torch.cuda.current_device() if dev.index is None else dev.index) if dev.type == "cuda" else None
+    if index is not None:  # the memory fraction takes a device index: "cuda" alone names none
+        total = torch.cuda.get_device_properties(index).total_memory
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), dev)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
     try:
         row = train_cell(args, dev, task, model, preset, evaluate=True)
     finally:
-        if dev.type == "cuda":
-            torch.cuda.set_per_process_memory_fraction(1.0, dev)
+        if index is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, index)
     if row["peak_mb"] > cap / 2**20:
         raise ValueError(f"peak {row['peak_mb']:.0f} MB > 16 GiB")
     return row | dict(note=row["note"] + (", capped at 16 GiB" if dev.type == "cuda" else ", uncapped"))

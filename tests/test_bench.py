@@ -66,3 +66,24 @@ def test_bad_input_is_one_line(argv, expect, capsys):
     assert exit_code(bench.main, ["gpu", "--device", "cpu", "--dry_run", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expect in err, err
+
+
+def test_the_16_gib_cap_names_the_gpu_by_index(monkeypatch):
+    # torch.cuda.set_per_process_memory_fraction refuses torch.device("cuda"), which names no index: the first GPU
+    # run of bench.py gpu failed every memory16 cell so
+    calls = []
+
+    def fraction(f, device):
+        if not isinstance(device, int):
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        calls.append((f, device))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fraction)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), dict(total_memory=64 * 2**30)))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(hardware, "train_cell", lambda *a, **k: dict(peak_mb=1.0, note="n"))
+    row = hardware.capped_cell(None, torch.device("cuda"), "hmm", "paper", "mamba")
+    assert calls == [(0.25, 3), (1.0, 3)] and row["note"] == "n, capped at 16 GiB"
+    calls.clear()
+    hardware.capped_cell(None, torch.device("cuda:1"), "hmm", "paper", "mamba")
+    assert calls == [(0.25, 1), (1.0, 1)]
