@@ -7,12 +7,15 @@ comparison): what the keys, queries, attention and representations look like ins
     python geometry.py seeds out/s1 out/s2 out/s3 --out DIR   # the claims' figures over seeds of one recipe
 
 Each writes geometry_<name>.json (the numbers) and .png (if matplotlib is installed) beside the
-checkpoint, from --n_seq held-out sequences of the run's eval seed (those train.py scores), in float64.
+checkpoint, in float64, from the first --n_seq of the held-out sequences train.py's final evaluation scores
+(its eval seed, drawn 250 at a time as train.evaluate draws them; past its 2,000, the same stream on).
 Each diagnostic's function defines what it measures:
 - keys: how orthogonal the hypothesis tokens' keys are, in every variant of the paper and the authors' code;
 - qk (Fig. 15): query-key cosines and attention entropy by layer;
 - values (Figs. 16-17): PCA of the representations against posterior entropy H and position;
-- dynamics: frame against precision over one run's checkpoints (train with --ckpt_schedule log);
+- dynamics: frame against precision over one run's checkpoints (train with --ckpt_schedule log), with every
+  figure of the claims table at each checkpoint, the authors' three value-manifold protocols and, with
+  --frame_seqs, their frame ratio (geometry_stats.py's docstring);
 - ablate: entropy MAE with layers and heads removed, and the authors' frame-head criterion;
 - clusters (v3 "five clusters"; hmm): the argmax-state clusters against permuted labels and k-means;
 - belief (Shai et al. 2024, arXiv 2405.15943): a linear probe of the whole posterior vector.
@@ -42,11 +45,11 @@ from einops import rearrange
 from checkpoints import build_model, ckpt_path, load, write_file, write_json
 from geometry_attention import (ATTENTION, KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
                                 keys_figures, qk, qk_figures)
-from geometry_stats import abs_corr, manifold_stats, probe, r2, state_clusters, subsample
+from geometry_stats import abs_corr, final_streams, manifold_stats, probe, r2, state_clusters, subsample
 from oracles import LOG2, entropy_bits, gaussian_kl_bits, oracle
 from presets import Parser
 from runtime import cli, pyplot
-from tasks import make_task
+from tasks import Batch, make_task
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
 ENTROPY_TASKS = ("bijection", "hmm")  # posterior entropy varies across scored positions
@@ -68,18 +71,6 @@ def representations(model, batch):
             reps.append(rearrange(l["att"] @ l["v"], "b h t d -> b t (h d)"))
             names.append(f"attn{i}")
     return [(n, h[batch.mask]) for n, h in zip(names, reps)]
-
-
-def final_streams(model, x):
-    """(B, T, d) the last block's output before the final norm, and after it (what the head reads)."""
-    norm = model.ln_f if hasattr(model, "ln_f") else model.norm_f
-    seen = []
-    hook = norm.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
-    try:
-        _, inside = model(x, return_internals=True)
-    finally:
-        hook.remove()
-    return seen[0], inside["final"]
 
 
 def scored_entropy(task, batch):
@@ -390,6 +381,15 @@ def seeds(argv):
 # command line
 
 
+def held_out(task, n, seed, draw=250):
+    """The first n sequences of train.evaluate's held-out stream: from `seed`, `draw` at a time (its batch_size)."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [task.sample(draw, g) for _ in range(-(-n // draw))]
+    cat = lambda ts: torch.cat(list(ts))[:n]
+    return Batch(cat(b.x for b in parts), cat(b.y for b in parts), cat(b.mask for b in parts),
+                 {k: cat(b.latent[k] for b in parts) for k in parts[0].latent})
+
+
 def why_not(name, cfg, path):
     """None if the diagnostic applies to this checkpoint, else the reason."""
     model, task = cfg["model"], cfg["task"]
@@ -433,11 +433,13 @@ def main(argv=None):
     p.add_argument("--K", type=int, default=None,
                    help="hmm: observations per sequence (default: the run's; the authors' five-cluster figure: 15)")
     p.add_argument("--n_perm", type=int, default=200, help="clusters: label permutations in the silhouette's null")
+    p.add_argument("--frame_seqs", type=int, default=0, help="dynamics: sequences of the authors' batch for their frame "
+                   "ratio at every checkpoint (0: off; theirs: 256, about an hour a checkpoint on a CPU core)")
     p.add_argument("--no_plot", action="store_true", help="write the JSON only")
     args = p.parse_args(argv)
     try:
-        if args.n_seq < 2 or args.max_points < 2 or args.n_perm < 1:
-            raise ValueError("--n_seq and --max_points must be >= 2, --n_perm >= 1")
+        if args.n_seq < 2 or args.max_points < 2 or args.n_perm < 1 or args.frame_seqs < 0:
+            raise ValueError("--n_seq and --max_points must be >= 2, --n_perm >= 1, --frame_seqs >= 0")
         if not 0 <= args.settle <= 1:  # NaN too
             raise ValueError(f"--settle must be in [0, 1] (an attention similarity 1 - JS, in bits), got {args.settle}")
         model, task, state = load(args.ckpt)
@@ -454,7 +456,7 @@ def main(argv=None):
         if args.diagnostic != "all" and why_not(args.diagnostic, cfg, args.ckpt):
             raise ValueError(why_not(args.diagnostic, cfg, args.ckpt))
         seed = cfg["train"]["eval_seed"] if args.seed is None else args.seed
-        batch = task.sample(args.n_seq, torch.Generator().manual_seed(seed))
+        args.seed, batch = seed, held_out(task, args.n_seq, seed)
         if batch.x.is_floating_point():  # regression's real inputs, for the float64 model
             batch.x = batch.x.double()
         plt = None if args.no_plot else pyplot()

@@ -11,10 +11,12 @@ the claims table over seeds reads (geometry.py seeds).
 - ablate: the entropy MAE with layers skipped and heads masked, and the frame-head criterion of the authors'
   jlens code (concentration): the most damaging head over the second;
 - dynamics: over one run's checkpoints, attention similarity 1 - JS(att || att_final) per layer against the
-  entropy MAE and the final layer's manifold (frame against precision).
+  entropy MAE and the final layer's manifold (frame against precision), with every figure of the claims table
+  at each checkpoint (checkpoint_stats), the authors' value-manifold protocols and their frame ratio.
 The statistics are geometry_stats.py's; the representation-side diagnostics (values, clusters, belief) and the
 command line are geometry.py's.
 """
+from functools import partial
 import glob
 import os
 
@@ -23,7 +25,8 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from checkpoints import build_model, ckpt_path, load
-from geometry_stats import js_bits, manifold_stats, offdiag_abs_cos, offdiag_cos
+from geometry_stats import (final_streams, frame_ratio, jlens_tokens, js_bits, manifold_stats, offdiag_abs_cos,
+                            offdiag_cos, value_protocols)
 from oracles import Metrics, entropy_bits, oracle
 from transformer import attn_bias
 
@@ -77,6 +80,18 @@ def head_keys(model, tokens, layer, normed=False):
     E = model.wte.weight[tokens]  # (n, C)
     E = block.ln_1(E) if normed else E
     return rearrange(E @ block.attn.c_attn.weight[C:2 * C].T, "n (h d) -> h n d", h=model.config.n_head)
+
+
+def jlens_keys(model, task):
+    """jlens identify_frame_head (subspaces.py:104-118), per layer-0 head: mean |cos| between the keys of the
+    hypothesis tokens' embedding rows through block 0's input norm (no position, no bias)."""
+    return offdiag_cos(head_keys(model, hypothesis_tokens(task), 0, normed=True)).tolist()
+
+
+def frame_basis(model, task):
+    """(d, n) orthonormal basis of the hypothesis tokens' embedding rows through block 0's input norm: the frame
+    of jlens run_phase5.py (subspaces.py:121-153, mode 'embedding')."""
+    return torch.linalg.qr(model.blocks[0].ln_1(model.wte.weight[hypothesis_tokens(task)]).T).Q
 
 
 def key_stat(K, statistic, heads):
@@ -320,16 +335,48 @@ def ablate_figures(r):
 # dynamics: the frame-precision dissociation over one run's checkpoints
 
 
+def checkpoint_stats(model, task, batch, args, final_frame=None):
+    """One checkpoint's figures of the claims table: jlens's per-head key |cos| (jlens_keys); the attention
+    entropy by layer at the scored rows; the per-token MAE with each layer skipped over the intact one; the
+    per-token MAE's increase with each layer-0 head masked, and its top over its second; on the bijection's
+    separate layout the value manifold at the value positions of the batch (ours) and the authors' three
+    protocols (geometry_stats.value_protocols); with --frame_seqs the frame ratio against final_frame."""
+    c, base = model.config, entropy_mae(model, task, batch)
+    _, inside = model(batch.x, return_internals=True)
+    q_pos = batch.mask[0].nonzero().squeeze(1)
+    skip = [entropy_mae(model, task, batch, skip_layers={l})["mae_token"] / base["mae_token"] for l in range(c.n_layer)]
+    damage = {}
+    for h in range(c.n_head):
+        mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
+        mask[0, h] = 0
+        damage[f"L0H{h}"] = entropy_mae(model, task, batch, head_mask=mask)["mae_token"] - base["mae_token"]
+    top, second = sorted(damage.values(), reverse=True)[:2]
+    r = dict(keys_jlens=jlens_keys(model, task), att_entropy_bits=[entropy_bits(l["att"][:, :, q_pos]).mean().item()
+                                                                     for l in inside["layers"]],
+             skip_ratio=skip, l0_damage=damage, l0_top_over_second=top / max(second, 1e-9))
+    if task.name == "bijection" and task.layout == "separate":
+        after = final_streams(model, batch.x)[1][:, 1::2]  # (B, L - 1, d) the value positions
+        i = torch.arange(after.shape[1])
+        H, pos = torch.log2(task.V - i.double()).repeat(len(after)), (2 * i + 1).repeat(len(after))
+        ours = manifold_stats(after.reshape(-1, after.shape[-1]), H, position=pos, max_points=args.max_points)[0]
+        r["values"] = dict(ours=ours) | value_protocols(model, task, args.seed)
+        if args.frame_seqs:
+            x = jlens_tokens(task, args.frame_seqs)
+            r["frame"] = frame_ratio(model, final_frame, x, task.n_classes)
+    return r
+
+
 def dynamics(model, task, batch, state, args):
     """The frame-precision dissociation, over ckpt_*.pt and ckpt.pt of one run: the entropy MAE; attention
     similarity 1 - JS(att || att_final) in bits (scored rows, mean over heads and sequences) per layer; layer
-    0's `weight` key mean |cos| (key_frame); the final layer's manifold_stats. Summary: the steps from which
-    each layer's similarity stays >= --settle and the key |cos| within 10% of its end value; the MAE's fall
-    after them."""
+    0's `weight` key mean |cos| (key_frame); the final layer's manifold_stats at the scored positions; and every
+    figure of the claims table (checkpoint_stats). Summary: the steps from which each layer's similarity stays
+    >= --settle and the key |cos| within 10% of its end value; the MAE's fall after them."""
     H = entropy_bits(oracle(task, batch)[batch.mask])  # the exact posterior's entropy at the scored positions
     q_pos = batch.mask[0].nonzero().squeeze(1)
     maps = lambda inside: [l["att"][:, :, q_pos] for l in inside["layers"]]  # (B, H, Q, T) per layer
     final = maps(model(batch.x, return_internals=True)[1])
+    frame = frame_basis(model, task) if args.frame_seqs else None
     rows = {}
     for path in glob.glob(os.path.join(args.ckpt, "ckpt_*.pt")) + [ckpt_path(args.ckpt)]:
         m, _, st = load(path)
@@ -337,7 +384,8 @@ def dynamics(model, task, batch, state, args):
         Z = manifold_stats(inside["final"][batch.mask], H, max_points=args.max_points)[0]
         rows[st["iter"]] = dict(step=st["iter"], **entropy_mae(m, task, batch),
                                 att_similarity=[1 - js_bits(a, b).mean().item() for a, b in zip(maps(inside), final)],
-                                key_cos_l0=key_frame(m, hypothesis_tokens(task))[0][0].mean().item(), **Z)
+                                key_cos_l0=key_frame(m, hypothesis_tokens(task))[0][0].mean().item(), **Z,
+                                **checkpoint_stats(m, task, batch, args, frame))
     rows = [rows[step] for step in sorted(rows)]  # ckpt.pt, the last, may repeat a snapshot's step
     # settled: the first checkpoint from which a curve stays within tolerance of its final value
     settled = lambda xs, ok: next(i for i in range(len(xs)) if all(map(ok, xs[i:])))
@@ -348,25 +396,38 @@ def dynamics(model, task, batch, state, args):
     summary = dict(settle_threshold=args.settle, attention_settled_step=[rows[i]["step"] for i in att],
                    mae_improvement_after_attention=[mae(i) for i in att], keys_settled_step=rows[key]["step"],
                    mae_improvement_after_keys=mae(key), mae_token_final=rows[-1]["mae_token"])
-    r = dict(steps=rows, summary=summary)
+    return dict(steps=rows, summary=summary), partial(dynamics_draw, rows, att)
 
-    def draw(plt):
-        fig, axs = plt.subplots(1, 4, figsize=(17, 3.6))
-        col = lambda k, l=None: [r[k] if l is None else r[k][l] for r in rows]
-        panels = {"entropy MAE (bits)": {"per token": col("mae_token"), "mean-curve": col("mae_curve")},
-                  "attention similarity to final (1 - JS)": {f"layer {l}": col("att_similarity", l)
-                                                             for l in range(len(final))},
-                  "layer-0 key mean |cos| (E W_K)": {"trained": col("key_cos_l0")},
-                  "final-layer value manifold": {k: col(k) for k in ("pc1_share", "corr_pc1", "probe_r2")}}
-        for ax, (title, curves) in zip(axs, panels.items()):
-            for label, ys in curves.items():
-                ax.plot(col("step"), ys, "o-", ms=3, label=label)
+
+def dynamics_draw(rows, att, plt):
+    """Against the per-token MAE (falling to the right): attention similarity to the final maps, the layer-0
+    keys, layer skips, the layer-0 heads' concentration and the frame ratio, the value manifold's PC1 share."""
+    fig, axs = plt.subplots(1, 6, figsize=(26, 3.8))
+    col = lambda k, l=None: [r[k] if l is None else r[k][l] for r in rows]
+    n_layer = len(rows[0]["att_similarity"])
+    panels = {"entropy MAE (bits) by step": {"per token": col("mae_token"), "mean-curve": col("mae_curve")},
+              "attention similarity to final (1 - JS)": {f"layer {l}": col("att_similarity", l) for l in range(n_layer)},
+              "layer-0 keys: mean |cos| per head (jlens)": {"mean": [sum(k) / len(k) for k in col("keys_jlens")],
+                                                             "min": [min(k) for k in col("keys_jlens")],
+                                                             "max": [max(k) for k in col("keys_jlens")]},
+              "MAE with one layer skipped / intact": {f"layer {l}": col("skip_ratio", l) for l in range(n_layer)},
+              "layer-0 heads": {"top / second head's damage": col("l0_top_over_second")}
+              | ({"frame ratio (jlens)": [r["frame"]["frame_ratio"] for r in rows]} if "frame" in rows[0] else {}),
+              "value manifold: PC1 share": {k: [r["values"][k]["pc1_share"] for r in rows] for k in
+                                            (rows[0].get("values") or {})}}
+    for i, (ax, (title, curves)) in enumerate(zip(axs, panels.items())):
+        x = col("step") if i == 0 else col("mae_token")
+        for label, ys in curves.items():
+            ax.plot(x, ys, "o-", ms=3, label=label)
+        ax.set(xscale="log", xlabel="training step" if i == 0 else "entropy MAE per token (bits)", title=title)
+        if i:
+            ax.invert_xaxis()
+        else:
             ax.axvline(rows[att[0]]["step"], color="gray", ls=":")  # layer-0 attention settled
-            ax.set(xscale="log", xlabel="training step", title=title)
-            ax.legend(fontsize=8)
-        axs[0].set_yscale("log")
-        return fig
-    return r, draw
+        ax.legend(fontsize=7)
+    axs[0].set_yscale("log")
+    axs[3].set_yscale("log")
+    return fig
 
 
 def dynamics_figures(r):

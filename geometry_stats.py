@@ -1,6 +1,8 @@
 """
 The float64 statistics of geometry.py's diagnostics: functions of tensors only, no model and no task, each
 checkable on its own (tests/test_geometry.py, tests/test_belief.py). In float64 since the diagnostics are.
+Last, the authors' own protocols (vishalmisra/bayesian-wind-tunnel at 670c6d6), which read a model's streams
+the way their scripts do, so that our numbers and theirs stand side by side.
 
 - offdiag_cos: the mean (|)cos(|) over the n(n-1) off-diagonal pairs of n rows; signed it is >= -1/(n-1);
 - pca (SVD of the centred points), abs_corr (|Pearson|), probe_r2 (held-out R^2 of a least-squares probe),
@@ -9,9 +11,29 @@ checkable on its own (tests/test_geometry.py, tests/test_belief.py). In float64 
   seedings (kmeans), the adjusted Rand index (adjusted_rand_index), and state_clusters, which joins them;
 - js_bits: the Jensen-Shannon divergence in bits, in [0, 1];
 - ridge and probe: the belief probe's ridge regression, its strength chosen on held-out sequences; r2: pooled R^2.
+
+The authors' value manifold (the paper's "final-layer PC1 holds 84-90%"), three protocols; H at a value
+position is the preceding key's entropy log2(V - i), before the value is seen (their label, :26-53), and PCA
+centres without scaling (sklearn), a share being an eigenvalue over the total variance:
+- geometric (geometric_analysis.py:76-178): after the final norm, the value positions t = 1, 3, .. of 3,200
+  sequences; PCA(10); dim_90 from those 10 (their script prints 1 when 10 do not reach 90%: here None); the
+  correlation is the largest |r| of PC1..PC5 with H;
+- manifold (manifold_visualization.py:41-110, 209-233): the last block's output BEFORE the final norm at the
+  value positions of 2,560 sequences, 3,000 rows drawn at random; PCA(2); |corr(PC1, H)|; the script whose
+  figure titles carry "PC1 %";
+- qkv (qkv_analysis.py:256-318): after the final norm at the key positions of the sequence of
+  generate_no_replacement_sequence (:85-90), which reseeds numpy with 1337 on every call, so its 100 sequences
+  are one: 19 distinct points, H = log2(V - i) at the i-th key.
+The frame ratio (jlens run_phase5.py:72-111): a J-space is the top-8 eigenvectors of sum g g^T, g = d logit[p', v]
+/ d h[i] over the sequences, every later position p' and the V value logits, at the stream into block 0 and block
+0's output and each key position with a later one; frame_ratio = the J-spaces' mean ||U^T W||_F^2 / min(8, V)
+with the final model's frame W (geometry_attention.frame_basis), over the same for 500 random 8-dim subspaces
+(float32 draws, seed 123). Their batch: 256 sequences of python random.Random(444) (data_gen.py:105-202).
 """
+import copy
 from functools import partial
 import math
+import random
 
 import torch
 import torch.nn.functional as F
@@ -204,3 +226,152 @@ def probe(X, Y, seq, B):
 def r2(Y, P):
     """Pooled R^2 = 1 - sum |y - p|^2 / sum |y - mean(y)|^2 over points and outputs (< 0: worse than the mean)."""
     return (1 - (Y - P).pow(2).sum() / (Y - Y.mean(0)).pow(2).sum()).item()
+
+
+# -----------------------------------------------------------------------------
+# the authors' protocols: the value manifold three ways, the frame ratio (module docstring)
+
+GEOMETRIC_N_SEQ, MANIFOLD_N_SEQ, MANIFOLD_POINTS = 3200, 2560, 3000
+QKV_N_SEQ = 100  # qkv_analysis.py:266: 100 calls of a generator that returns one sequence
+
+
+def final_streams(model, x):
+    """(B, T, d) the last block's output before the final norm, and after it (what the head reads)."""
+    norm = model.ln_f if hasattr(model, "ln_f") else model.norm_f
+    seen = []
+    hook = norm.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    try:
+        _, inside = model(x, return_internals=True)
+    finally:
+        hook.remove()
+    return seen[0], inside["final"]
+
+
+def pca_shares(X, k):
+    """(scores (N, k), shares (k,)): sklearn's PCA(k).fit_transform and explained_variance_ratio_."""
+    U, S, _ = torch.linalg.svd(X - X.mean(0), full_matrices=False)
+    return U[:, :k] * S[:k], (S ** 2 / (S ** 2).sum())[:k]
+
+
+def corr(a, b):
+    """np.corrcoef(a, b)[0, 1]; 0 where either is constant (manifold_visualization.py:227-229 sets NaN to 0)."""
+    a, b = a - a.mean(), b - b.mean()
+    den = (a.pow(2).sum() * b.pow(2).sum()).sqrt()
+    return (a @ b / den).item() if den > 0 else 0.0
+
+
+def protocol_geometric(X, H):
+    Z, share = pca_shares(X, 10)
+    reached = (share.cumsum(0) >= 0.9).nonzero()
+    rs = [corr(Z[:, i], H) for i in range(5)]
+    best = max(range(5), key=lambda i: abs(rs[i]))
+    return dict(n_points=len(X), pc1_share=share[0].item(), pc2_share=share[1].item(),
+                dim_90=int(reached[0]) + 1 if len(reached) else None, abs_corr=abs(rs[best]), which_pc=best + 1)
+
+
+def protocol_manifold(X, H, seed=0):
+    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:MANIFOLD_POINTS]
+    Z, share = pca_shares(X[idx], 2)
+    return dict(n_points=len(idx), pc1_share=share[0].item(), pc2_share=share[1].item(),
+                abs_corr=abs(corr(Z[:, 0], H[idx])))
+
+
+def protocol_qkv(X, H):
+    Z, share = pca_shares(X, 2)
+    return dict(n_points=len(X), n_distinct=len(torch.unique(X, dim=0)), pc1_share=share[0].item(),
+                pc2_share=share[1].item(), abs_corr=abs(corr(Z[:, 0], H)))
+
+
+def value_rows(model, task, n_seq, seed, draw=250):
+    """(before, after, H): the final stream before and after the final norm at the value positions t = 1, 3, ..
+    of n_seq sequences drawn `draw` at a time from `seed` (as train.py draws its held-out ones), in float32 as
+    the authors' arrays are; H at a value position is the preceding key's entropy."""
+    g, rows, Hs, m32 = torch.Generator().manual_seed(seed), [], [], copy.deepcopy(model).float()
+    for i in range(0, n_seq, draw):
+        x = task.sample(min(draw, n_seq - i), g).x
+        rows.append([h[:, 1::2].reshape(-1, h.shape[-1]) for h in final_streams(m32, x)])  # (B (L - 1), d)
+        Hs.append(torch.log2(task.V - torch.arange(x.shape[1] // 2, dtype=torch.float64)).repeat(len(x)))
+    before, after = (torch.cat(r).double() for r in zip(*rows))
+    return before, after, torch.cat(Hs)
+
+
+def qkv_sequence(task):
+    """The one sequence of qkv_analysis.py's generator (:85-90; numpy's default_rng(1337): a permutation of the
+    V values, then the first L of a permutation of the keys), in our layout (values offset by V, ending at the
+    last key). numpy only here, for the authors' exact draw."""
+    import numpy as np
+    rng = np.random.default_rng(1337)
+    perm, keys = list(range(task.V)), list(range(task.V))
+    rng.shuffle(perm)
+    rng.shuffle(keys)
+    return torch.tensor([[t for k in keys[:task.L] for t in (k, task.V + perm[k])][:-1]])
+
+
+def value_protocols(model, task, seed):
+    """The three protocols on one bijection model (separate layout); the sequences of `geometric` and `manifold`
+    are the first 3,200 and 2,560 drawn from `seed`."""
+    before, after, H = value_rows(model, task, GEOMETRIC_N_SEQ, seed)
+    n = MANIFOLD_N_SEQ * (task.L - 1)  # the manifold protocol's sequences are the first 2,560 of them
+    X = final_streams(model, qkv_sequence(task))[1][0, 0::2].repeat(QKV_N_SEQ, 1)  # the keys, 100 times
+    H_qkv = torch.log2(task.V - torch.arange(task.L, dtype=torch.float64)).repeat(QKV_N_SEQ)
+    return dict(geometric=protocol_geometric(after, H), manifold=protocol_manifold(before[:n], H[:n]),
+                qkv=protocol_qkv(X, H_qkv))
+
+
+def jlens_tokens(task, n_seq, seed=444):
+    """The tokens of jlens data_gen.py:105-202 generate_batch (python random.Random(seed)), our separate layout:
+    per sequence a shuffled permutation, L keys sampled without replacement, `k1 V+pi(k1) .. kL`."""
+    rng, rows = random.Random(seed), []
+    for _ in range(n_seq):
+        perm = list(range(task.V))
+        rng.shuffle(perm)
+        keys = rng.sample(range(task.V), task.L)
+        rows.append([t for k in keys for t in (k, task.V + perm[k])][:-1])
+    return torch.tensor(rows)
+
+
+def jspace_grams(model, x, n_logits, chunk=32):
+    """(2, T, d, d) stacked Grams (jlens extract.py:162-270) at the stream into block 0 and block 0's output: for
+    every later position p' and each of the first n_logits outputs v, g = d out[p', v] / d h[i]. The parameters
+    are frozen meanwhile, as the authors freeze them (:201-203)."""
+    B, T = x.shape
+    grams, frozen = None, [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in frozen:
+        p.requires_grad_(False)
+    try:
+        for s in range(0, B, chunk):
+            b = len(x[s:s + chunk])
+            rows, which = torch.arange(n_logits * b), torch.arange(n_logits).repeat_interleave(b)  # row j*b+n: logit j
+            seen = []
+            hooks = [model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].requires_grad_())),
+                     model.blocks[0].register_forward_hook(lambda m, a, out: seen.append(out))]
+            try:
+                with torch.enable_grad():
+                    out = model(x[s:s + chunk].repeat(n_logits, 1))
+            finally:
+                for h in hooks:
+                    h.remove()
+            if grams is None:
+                grams = torch.zeros(2, T, seen[0].shape[-1], seen[0].shape[-1], dtype=torch.float64)
+            for p in range(T - 1, 0, -1):  # target p' = p reaches the positions i < p
+                cot = torch.zeros_like(out)
+                cot[rows, p, which] = 1.0
+                for site, g in enumerate(torch.autograd.grad(out, seen, cot, retain_graph=p > 1)):
+                    g = g[:, :p].double()
+                    grams[site, :p] += torch.einsum("rid,rie->ide", g, g)
+    finally:
+        for p, flag in frozen:
+            p.requires_grad_(flag)
+    return grams
+
+
+def frame_ratio(model, frame, x, n_logits, rank=8, n_null=500):
+    """frame_ratio_to_null (run_phase5.py:108-111): the mean projection overlap of the J-spaces at the key
+    positions with a later one (0, 2, ..) with the frame (d, k), over that of n_null random rank-dim subspaces."""
+    grams = jspace_grams(copy.deepcopy(model).float(), x, n_logits)  # float32, as the authors' models
+    overlap = lambda U: (torch.linalg.svdvals(U.T @ frame) ** 2).sum().item() / min(U.shape[1], frame.shape[1])
+    Us = [torch.linalg.eigh(grams[site, i])[1][:, -rank:] for site in range(2) for i in range(0, x.shape[1] - 1, 2)]
+    g = torch.Generator().manual_seed(123)
+    nulls = torch.linalg.qr(torch.randn(n_null, frame.shape[0], rank, generator=g).double()).Q
+    obs, null = sum(map(overlap, Us)) / len(Us), sum(map(overlap, nulls)) / n_null
+    return dict(frame_ratio=obs / null, overlap=obs, null_overlap=null, n_jspaces=len(Us), n_seq=len(x))

@@ -355,6 +355,12 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
     dyn = read(runs["bij"], "dynamics")
     assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # runtime.log_spaced(6), the last is ckpt.pt
     assert dyn["steps"][-1]["att_similarity"] == [1.0, 1.0] and len(dyn["summary"]["attention_settled_step"]) == 2
+    last = dyn["steps"][-1]  # the claims table's figures at every checkpoint
+    assert len(last["keys_jlens"]) == 2 and len(last["att_entropy_bits"]) == 2 and len(last["skip_ratio"]) == 2
+    assert last["keys_jlens"] == pytest.approx(k["variants"][[(v["tokens"], v["input"], v["statistic"], v["heads"])
+        for v in k["variants"]].index(("hypothesis", "norm", "abs", "mean"))]["trained_per_head"][0], abs=1e-12)
+    assert set(last["values"]) == {"ours", "geometric", "manifold", "qkv"} and last["values"]["qkv"]["n_distinct"] == 5
+    assert last["values"]["geometric"]["n_points"] == 3200 * 4 and "frame" not in last  # V=6: 4 values a sequence
     assert not os.path.exists(os.path.join(runs["bij"], "geometry_clusters.json"))  # not hmm
 
 
@@ -515,3 +521,100 @@ def test_a_full_disk_is_one_line_and_keeps_the_files_written_before(runs, monkey
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}: No space left on device; the files written before are kept" in err
     assert open(path).read() == before and sorted(os.listdir(runs["lstm"])) == files
+
+
+# -----------------------------------------------------------------------------
+# the authors' protocols (geometry_stats.py) and the frame ratio
+
+
+def tiny_bijection(V=6, seed=0):
+    task = make_task("bijection", V=V)
+    torch.manual_seed(seed)
+    m = Transformer(TransformerConfig(vocab_size=task.vocab_size, n_classes=task.n_classes, block_size=task.seq_len,
+                                      answer_offset=task.answer_offset, n_layer=2, n_head=2, d_model=16))
+    return m.double().eval(), task
+
+
+def test_pca_shares_are_the_covariances_eigenvalues_over_their_sum():
+    X = torch.randn(300, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64) @ torch.diag(
+        torch.arange(1.0, 8.0, dtype=torch.float64))
+    Z, share = geometry_stats.pca_shares(X, 3)
+    ev = torch.linalg.eigvalsh(torch.cov(X.T)).flip(0)
+    assert torch.allclose(share, (ev / ev.sum())[:3], atol=1e-12)
+    assert torch.allclose(Z.var(0), ev[:3], rtol=1e-10)  # the scores' variances are the eigenvalues
+
+
+def test_the_geometric_protocol_takes_the_pc_most_correlated_with_entropy():
+    g = torch.Generator().manual_seed(1)
+    H = torch.rand(500, generator=g, dtype=torch.float64)
+    X = torch.stack([5 * torch.randn(500, generator=g, dtype=torch.float64),  # PC1: noise
+                     2 * (H - 0.5), 0.01 * torch.randn(500, generator=g, dtype=torch.float64)], 1)  # PC2: H
+    r = geometry_stats.protocol_geometric(torch.cat([X, torch.zeros(500, 9, dtype=torch.float64)], 1), H)
+    assert r["which_pc"] == 2 and r["abs_corr"] > 0.999 and r["dim_90"] == 1  # PC1 alone holds > 90%
+    assert geometry_stats.protocol_geometric(torch.randn(500, 40, generator=g, dtype=torch.float64), H)["dim_90"] is None
+
+
+def test_repeating_one_sequence_leaves_the_qkv_protocols_pca_unchanged():
+    g = torch.Generator().manual_seed(2)
+    X, H = torch.randn(19, 16, generator=g, dtype=torch.float64), torch.log2(20 - torch.arange(19.0, dtype=torch.float64))
+    once, times = geometry_stats.protocol_qkv(X, H), geometry_stats.protocol_qkv(X.repeat(100, 1), H.repeat(100))
+    assert times["n_points"] == 1900 and times["n_distinct"] == 19
+    assert times["pc1_share"] == pytest.approx(once["pc1_share"], abs=1e-12)
+    assert times["abs_corr"] == pytest.approx(once["abs_corr"], abs=1e-12)
+
+
+def test_the_qkv_sequence_is_the_authors_and_the_jlens_batch_is_a_bijection():
+    task = make_task("bijection")  # generate_no_replacement_sequence(20, 19) as numpy 2 draws it
+    perm = [12, 19, 11, 6, 7, 9, 3, 10, 13, 5, 18, 14, 16, 2, 8, 4, 15, 17, 0, 1]
+    keys = [9, 17, 12, 4, 3, 7, 10, 2, 5, 6, 19, 1, 15, 14, 18, 8, 11, 0, 16]
+    assert geometry_stats.qkv_sequence(task)[0].tolist() == [t for k in keys for t in (k, 20 + perm[k])][:-1]
+    x = geometry_stats.jlens_tokens(task, 5)
+    assert x.shape == (5, task.seq_len) and torch.equal(x, geometry_stats.jlens_tokens(task, 5))
+    for row in x:  # distinct keys, and values that are one permutation's
+        assert len(set(row[0::2].tolist())) == task.L and len(set(row[1::2].tolist())) == task.L - 1
+        assert (row[1::2] >= task.V).all()
+
+
+def test_value_rows_read_the_value_positions_before_and_after_the_final_norm():
+    m, task = tiny_bijection()
+    before, after, H = geometry_stats.value_rows(m, task, 7, seed=3, draw=4)
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([task.sample(4, g).x, task.sample(3, g).x])
+    b, a = geometry_stats.final_streams(m, x)
+    assert torch.allclose(after, a[:, 1::2].reshape(-1, 16), atol=1e-5)  # float32, as the authors' arrays
+    assert torch.allclose(before, b[:, 1::2].reshape(-1, 16), atol=1e-5)
+    assert H[:task.L - 1].tolist() == pytest.approx([math.log2(task.V - i) for i in range(task.L - 1)])
+    assert next(m.parameters()).dtype == torch.float64  # the model itself is left in float64
+
+
+def test_jspace_grams_against_the_full_jacobian():
+    m, task = tiny_bijection()
+    x = geometry_stats.jlens_tokens(task, 2)
+    grams = geometry_stats.jspace_grams(m, x, task.n_classes, chunk=1)
+    bias = geometry_attention.attn_bias(m.config, x.shape[1], x.device)
+
+    def logits_from(h, first):  # the forward pass from the stream entering block `first`
+        for block in m.blocks[first:]:
+            h = block(h, None, None, None, bias)
+        return m.ln_f(h) @ m.wte.weight[task.answer_offset:task.answer_offset + task.n_classes].T
+
+    want = torch.zeros_like(grams)
+    for t in x[:, None]:
+        h0 = (m.wte(t) + m.wpe(torch.arange(t.shape[1]))).detach()  # the stream into block 0
+        for site, h in enumerate((h0, m.blocks[0](h0, None, None, None, bias).detach())):
+            J = torch.autograd.functional.jacobian(lambda h: logits_from(h, site), h)[0, :, :, 0]  # d out[p, v] / d h[i]
+            for i in range(x.shape[1]):
+                g = J[i + 1:, :, i].reshape(-1, h.shape[-1])  # every later p and every value logit
+                want[site, i] += g.T @ g
+    assert grams.abs().max() > 1e-3 and torch.allclose(grams, want, atol=1e-10)
+
+
+def test_a_frame_that_holds_every_jspace_gives_the_inverse_null_overlap():
+    m, task = tiny_bijection()
+    d = m.config.d_model
+    r = geometry_stats.frame_ratio(m, torch.eye(d, dtype=torch.float64), geometry_stats.jlens_tokens(task, 2),
+                                   task.n_classes, rank=4, n_null=50)
+    assert r["overlap"] == pytest.approx(1.0) and r["null_overlap"] == pytest.approx(1.0)  # the whole space
+    half = torch.eye(d, dtype=torch.float64)[:, : d // 2]
+    r = geometry_stats.frame_ratio(m, half, geometry_stats.jlens_tokens(task, 2), task.n_classes, rank=4, n_null=400)
+    assert r["null_overlap"] == pytest.approx(0.5, abs=0.03)  # a random 4-dim subspace: half its mass in half
