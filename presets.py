@@ -467,11 +467,6 @@ def meta_model(Config, Model, mc):
         return Model(Config(**mc))
 
 
-def model_options(entry):
-    """A model's preset entry without its own training settings (`train`)."""
-    return {k: v for k, v in entry.items() if k != "train"}
-
-
 def count_params(Config, Model, mc):
     return meta_model(Config, Model, mc).num_params()
 
@@ -481,7 +476,7 @@ def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
     land within tol of. The count grows with the width: bisect."""
     target = cfg["train"]["match_params"]
     if target == -1:  # the transformer of this task and preset
-        opts = model_options(PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {}))
+        opts = layered(cfg["task"], "transformer", cfg["preset"])[2]
         target = count_params(TransformerConfig, Transformer,
                               task_io | with_header_rows(cfg["task"], cfg["task_opts"], opts))
     if target < 1:
