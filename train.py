@@ -22,8 +22,8 @@ import torch
 
 from checkpoints import checkpoint, load_checkpoint, print0, resume, write_json
 from oracles import Metrics
-from presets import (IO_FIELDS, MODELS, build_config, check_train, during_seed, fit_block_size, match_width,
-                     parse_args, parse_stop, resume_config)
+from presets import (IO_FIELDS, build_config, check_train, during_seed, fit_block_size, match_width, model_name,
+                     parse_args, parse_stop, resolve_model, resume_config)
 from runtime import (CompiledOrEager, Optimizers, autocast, cli, code_version, data_parallel, data_source, fmt_time,
                      global_mean, guarded, oom_hint, prepare_out_dir)
 from tasks import make_task
@@ -41,7 +41,7 @@ def build(cfg, device, saved=None):
         eval_tasks[f"K{K}"] = make_task(cfg["task"], **(cfg["task_opts"] | {"K": K}))
     if train["train_all_queries"] and cfg["task"] != "recall":
         raise ValueError(f"--train_all_queries is an option of --task recall, not {cfg['task']!r}")
-    Config, Model = MODELS[cfg["model"]]
+    Config, Model = resolve_model(cfg["model"])
     io = {k: getattr(task, k) for k in IO_FIELDS}
     # training sequences (every key queried) can be longer than the evaluation's: the context fits both
     train_tasks = [task.all_queries()] if train["train_all_queries"] else []
@@ -335,7 +335,7 @@ def main(argv=None):
     try:
         if not (given.get("resume") or given.get("eval_only")):
             return run(build_config(known.task, known.model, known.preset, given))
-        out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{known.model}")
+        out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{model_name(known.model)}")
         state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
         return run(resume_config(state, known, given, out_dir), state, eval_only=bool(given.get("eval_only")))
     except ValueError as e:
