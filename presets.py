@@ -491,7 +491,19 @@ def check_device(name):
 
 
 # -----------------------------------------------------------------------------
-# capacity matching
+# a model's config: the task's I/O fields, its context, its width matched to a parameter count
+
+
+def fill_io(spec, task, opts, longest=None):
+    """opts with the task's I/O fields that the config has (block_size=longest under opts), or why it cannot."""
+    names = {f.name for f in fields(resolve_model(spec)[0])}
+    takes = ("vocab_size", "token inputs") if task.vocab_size else ("n_features", "real-valued inputs")
+    gives = ("gaussian", "Gaussian prediction") if task.gaussian else ("n_classes", f"{task.n_classes} answer classes")
+    for verb, (field, what) in (("take", takes), ("give", gives)):
+        if field not in names:
+            raise ValueError(f"{spec} cannot {verb} {task.name}'s {what}: its config has no {field} field")
+    io = {k: getattr(task, k) for k in IO_FIELDS if k in names}
+    return ({"block_size": longest} if longest and "block_size" in names else {}) | opts | io
 
 
 def fit_block_size(Config, Model, mc, longest):
