@@ -24,7 +24,7 @@ import shutil
 import torch
 import torch.distributed as dist
 
-from presets import MODELS
+from presets import resolve_model
 from tasks import make_task
 
 # torch.save's errors on a full or failing disk: "failed writing file", "unexpected pos N vs M", "iostream error"
@@ -108,7 +108,7 @@ def build_model(state, trained=True):
     """The checkpoint's model, or (trained=False) the run's initialisation, in float64 eval mode."""
     if not trained:  # train.py seeds the global RNG with --seed, then builds the model
         torch.manual_seed(state["config"]["train"]["seed"])
-    Config, Model = MODELS[state["config"]["model"]]
+    Config, Model = resolve_model(state["config"]["model"])  # a built-in name, or the class's file
     model = Model(Config(**state["model_config"]))
     if trained:
         model.load_state_dict(state["model"])

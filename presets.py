@@ -1,23 +1,20 @@
 """
-Settings: the training defaults (TRAIN), the presets per task and model, and the command line that
-layers them: defaults < preset < flags. train.py, reproduce.py and the other scripts read them here.
+Settings: the training defaults (TRAIN), the presets per task and model, and the command line that layers them
+(defaults < preset < flags; --model: a name in MODELS or a class from any file, resolve_model), for every script.
 
-Presets: `quick` (the default, sized for a 2-core CPU), `paper` (the paper's sizes and schedules,
-for a GPU) and `cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum).
-Each entry holds `train` (training-loop settings), `task` (task options) and one dict per
-model (model options, and under `train` that model's own training settings, e.g. its optimizer). The
-paper sizes follow the paper (arXiv 2512.22471) and the authors' released code; the quick sizes were
-chosen by measurement on a 2-core CPU (results/table.md has what they reach and how long each takes).
-`mlp_pos` holds the options of the MLP's other reading (`--model mlp --per_position`), a row of its own
-in reproduce.py.
-
-`match_width` sizes a model to a parameter budget (train.py --match_params), for capacity-matched
-comparisons.
+Presets: `quick` (the default, sized for a 2-core CPU), `paper` (the paper's sizes and schedules, for a GPU) and
+`cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum). Each entry holds `train`
+(training-loop settings), `task` (task options) and one dict per model (its options, and under `train` its own
+training settings, e.g. its optimizer). The paper sizes follow the paper (arXiv 2512.22471) and the authors'
+released code; the quick sizes were chosen by measurement on a 2-core CPU (results/table.md: what they reach, how
+long each takes). `mlp_pos` holds the options of the MLP's other reading (`--model mlp --per_position`), a row of
+its own in reproduce.py. `match_width` matches a model's capacity to a parameter budget (train.py --match_params).
 """
 import argparse
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 import difflib
 import functools
+import importlib.util
 import inspect
 import math
 import os
@@ -217,6 +214,48 @@ TINY = {
 # command line
 
 
+def resolve_model(spec):
+    """(Config, Model) of --model, its config the @dataclass <Class>Config in its file; a bad spec: a one-line error."""
+    if spec in MODELS:
+        return MODELS[spec]
+    where, _, name = spec.rpartition(":")
+    if not (where and name.isidentifier()):
+        raise ValueError(f"{spec}: not a model; give one of {', '.join(MODELS)}, PATH.py:Class or module:Class")
+    try:
+        module = load_module(os.path.abspath(where) if where.endswith(".py") else where)
+    except (FileNotFoundError, ModuleNotFoundError) as e:  # the file or module, or a module that the file imports
+        what = f"file {e.filename}" if isinstance(e, OSError) else f"module named {e.name}"
+        raise ValueError(f"{spec}: no {what}") from None
+    Model, Config = getattr(module, name, None), getattr(module, name + "Config", None)
+    for ok, what in ((isinstance(Model, type), f"{where} has no class {name}"),
+                     (isinstance(Model, type) and issubclass(Model, torch.nn.Module), f"{name} is not an nn.Module"),
+                     (callable(getattr(Model, "num_params", None)), f"{name} has no num_params() method"),
+                     (is_dataclass(Config), f"no config: add a @dataclass named {name}Config to {where}")):
+        if not ok:
+            raise ValueError(f"{spec}: {what}")
+    return Config, Model
+
+
+@functools.cache  # a model file (where: its absolute path) is loaded once: every caller gets the same classes
+def load_module(where):
+    if not where.endswith(".py"):
+        return importlib.import_module(where)
+    name = "model_file_" + re.sub(r"\W", "_", where)  # a name of its own: a file called tasks.py shadows nothing
+    module = sys.modules[name] = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, where))
+    module.__spec__.loader.exec_module(module)  # registered first: dataclasses and inspect look for it there
+    return module
+
+
+def model_spec(spec):
+    """--model as a run records it, checked: a file's path made absolute, so that --resume finds it from anywhere."""
+    where, _, name = spec.rpartition(":")
+    return resolve_model(spec) and (f"{os.path.abspath(where)}:{name}" if where.endswith(".py") else spec)
+
+
+def model_name(spec):  # in folders (out/<task>_<name>, reproduce.py's cells) and tables: a file's model by its class
+    return spec.rpartition(":")[2]
+
+
 class Parser(argparse.ArgumentParser):
     """One-line errors (exit code 2) with a did-you-mean hint, instead of the usage block."""
     elsewhere = {}  # flag -> the tasks/models that have it, for a flag of another task or model
@@ -268,7 +307,7 @@ def field_help(cls):
 
 def add_flag(group, name, default, help, ftype=None):
     """--name; its help ends with the value a run takes without the flag (here, for this task, model and preset)."""
-    ftype, shown = ftype or type(default), "none" if default in ("", []) else default
+    ftype, shown = (ftype if callable(ftype) else None) or type(default), "none" if default in ("", []) else default
     help = f"{help} (default {shown})"
     if ftype is bool:
         group.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=None, help=help)
@@ -283,9 +322,13 @@ def parse_args(argv, doc=""):
     first paragraph --help shows; each flag's help ends with its value for the chosen task, model and preset."""
     pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
     pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
-    pre.add_argument("--model", choices=list(MODELS), help="(default transformer)")
+    pre.add_argument("--model", help=f"{' | '.join(MODELS)} | PATH.py:Class | module:Class (default transformer)")
     pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
     known, _ = pre.parse_known_args(argv)
+    try:
+        known.model = known.model and model_spec(known.model)
+    except ValueError as e:
+        pre.error(f"--model {e}")
     known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
     for k, v in dict(task="recall", model="transformer", preset="quick").items():
         setattr(known, k, getattr(known, k) or v)
@@ -299,7 +342,7 @@ def parse_args(argv, doc=""):
                     owners.setdefault(f"--{f.name}", []).append(f"--{kind} {name}")
     p.elsewhere = {k: ", ".join(v) for k, v in owners.items()}
     train, task_opts, model_opts = layered(known.task, known.model, known.preset)
-    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{known.task}_{known.model}")
+    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{known.task}_{model_name(known.model)}")
     task_opts, longest = task_values(known.task, task_opts, train)
     model_opts = with_header_rows(known.task, task_opts, model_opts)
     if longest and "block_size" not in model_opts:  # train.py's build() gives it the longest sequence
@@ -308,7 +351,7 @@ def parse_args(argv, doc=""):
     for name, (_, help) in TRAIN.items():
         add_flag(g, name, train[name], help)
     for title, cls, opts in ((f"task {known.task}", TASKS[known.task], task_opts),
-                             (f"model {known.model}", MODELS[known.model][0], model_opts)):
+                             (f"model {known.model}", resolve_model(known.model)[0], model_opts)):
         g, helps = p.add_argument_group(title), field_help(cls)
         for f in fields(cls):
             if f.name not in IO_FIELDS:
@@ -346,11 +389,11 @@ def build_config(task, model, preset, given):
     """defaults < preset < flags, split into train / task / model dicts."""
     train, task_opts, model_opts = layered(task, model, preset)
     task_names = {f.name for f in fields(TASKS[task])}
-    model_names = {f.name for f in fields(MODELS[model][0])}
+    model_names = {f.name for f in fields(resolve_model(model)[0])}
     for k, v in given.items():
         (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
     model_opts = with_header_rows(task, task_opts, model_opts)
-    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
+    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model_name(model)}")
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
@@ -448,7 +491,19 @@ def check_device(name):
 
 
 # -----------------------------------------------------------------------------
-# capacity matching
+# a model's config: the task's I/O fields, its context, its width matched to a parameter count
+
+
+def fill_io(spec, task, opts, longest=None):
+    """opts with the task's I/O fields that the config has (block_size=longest under opts), or why it cannot."""
+    names = {f.name for f in fields(resolve_model(spec)[0])}
+    takes = ("vocab_size", "token inputs") if task.vocab_size else ("n_features", "real-valued inputs")
+    gives = ("gaussian", "Gaussian prediction") if task.gaussian else ("n_classes", f"{task.n_classes} answer classes")
+    for verb, (field, what) in (("take", takes), ("give", gives)):
+        if field not in names:
+            raise ValueError(f"{spec} cannot {verb} {task.name}'s {what}: its config has no {field} field")
+    io = {k: getattr(task, k) for k in IO_FIELDS if k in names}
+    return ({"block_size": longest} if longest and "block_size" in names else {}) | opts | io
 
 
 def fit_block_size(Config, Model, mc, longest):
@@ -467,11 +522,6 @@ def meta_model(Config, Model, mc):
         return Model(Config(**mc))
 
 
-def model_options(entry):
-    """A model's preset entry without its own training settings (`train`)."""
-    return {k: v for k, v in entry.items() if k != "train"}
-
-
 def count_params(Config, Model, mc):
     return meta_model(Config, Model, mc).num_params()
 
@@ -481,7 +531,7 @@ def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
     land within tol of. The count grows with the width: bisect."""
     target = cfg["train"]["match_params"]
     if target == -1:  # the transformer of this task and preset
-        opts = model_options(PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {}))
+        opts = layered(cfg["task"], "transformer", cfg["preset"])[2]
         target = count_params(TransformerConfig, Transformer,
                               task_io | with_header_rows(cfg["task"], cfg["task_opts"], opts))
     if target < 1:

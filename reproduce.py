@@ -32,6 +32,7 @@ import torch
 import checkpoints
 import presets
 import runtime
+from tasks import make_task
 from time_to_target import time_to_target
 import train
 
@@ -72,10 +73,23 @@ def cell_argv(task, model, preset, out_dir, extra):
         opts = presets.PRESETS["quick" if preset == "tiny" else preset][task][model]
     argv = ["--task", task, "--model", base, "--preset", "quick" if preset == "tiny" else preset]
     if preset == "tiny":  # the quick cell, shrunk (presets.py)
-        tiny, names = presets.TINY[task], {f.name for f in fields(presets.MODELS[base][0])}
+        tiny, names = presets.TINY[task], {f.name for f in fields(presets.resolve_model(base)[0])}
         opts = opts | {k: v for k, v in tiny["model"].items() if k in names}
         argv += flags(tiny["train"] | tiny["task"])
     return argv + flags(opts) + ["--out_dir", out_dir] + extra
+
+
+def refusal(task, model):
+    """Why a row's model cannot take the task's inputs or give its outputs (presets.fill_io's line), or None: such a
+    cell is n/a, and is not run. Their kind (tokens or reals, classes or a Gaussian) is the same at any options."""
+    try:
+        presets.fill_io(VARIANTS.get(model, model), make_task(task), {})
+    except ValueError as e:
+        return str(e)
+
+
+def cell_dir(out_root, task, model):
+    return os.path.join(out_root, f"{task}_{presets.model_name(model)}")
 
 
 def flags(opts):
@@ -224,11 +238,11 @@ def steps(r):
     return f"{r['iters']} (stopped at {train['stop_at']})" if stopped else str(r["iters"])
 
 
-def write_table(preset, tasks, models, out_root, results_dir, status):
+def write_table(preset, tasks, models, out_root, results_dir, status, notes=()):
     """results_dir/table.md from every cell's results.json; returns its path. Per task, each model's entropy MAE
     in both conventions, KL, accuracy, parameters and training time beside the paper's numbers, and a figure of
     per-position model entropy against the oracle's for every model (entropy_<task>.png; needs matplotlib,
-    without it the table still comes out)."""
+    without it the table still comes out). notes: lines for the Notes, e.g. why a cell is n/a."""
     lines = [f"# Wind tunnels: architecture comparison, preset `{preset}`", "",
              "Entropy MAE in bits: *mean-curve* averages model and oracle entropy over sequences at each position "
              "first (the paper's convention), *per token* is the mean of |H_model − H_oracle| over every scored "
@@ -246,14 +260,15 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
                   "| other lengths, MAE per token | steps | time | device |", "|---" * 11 + "|"]
         rows = []
         for model in models:
-            r, paper = load_results(os.path.join(out_root, f"{task}_{model}")), PAPER.get(task, {}).get(model, "—")
+            r, paper = load_results(cell_dir(out_root, task, model)), PAPER.get(task, {}).get(model, "—")
+            name = presets.model_name(model)  # a model from a file: its class
             if r is None:
-                lines.append(f"| {model} | {status.get((task, model), 'not run')} |" + " |" * 9)
+                lines.append(f"| {name} | {status.get((task, model), 'not run')} |" + " |" * 9)
                 continue
-            rows.append((model, r))
+            rows.append((name, r))
             m = r["metrics"]["default"]
             other = ", ".join(f"{k}: {fmt(v['mae_token'])}" for k, v in r["metrics"].items() if k != "default")
-            lines.append(f"| {model} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
+            lines.append(f"| {name} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
                          f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {steps(r)} "
                          f"| {runtime.fmt_time(r['wall_time_s'])} | {r['device']} |")
         slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
@@ -266,7 +281,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
         if rows and figure(task, rows, os.path.join(results_dir, f"entropy_{task}.png")):
             lines += ["", f"![{task}: per-position entropy](entropy_{task}.png)"]
         lines.append("")
-    lines += ["## Notes", "", PAPER_NOTES, ""]
+    lines += ["## Notes", "", PAPER_NOTES, ""] + ([*notes, ""] if notes else [])
     path = os.path.join(results_dir, "table.md")
     checkpoints.write_text(path, "\n".join(lines))
     return path
@@ -285,7 +300,8 @@ def parse_args(argv):
     p.add_argument("--tasks", default=None, help=f"comma-separated tasks (default {','.join(TASK_ORDER)})")
     p.add_argument("--models", default=None, help="comma-separated models (default: those of "
                                                   f"{', '.join(MODEL_ORDER)} that train.py has; "
-                                                  "mlp_pos is the mlp with --per_position)")
+                                                  "mlp_pos is the mlp with --per_position), or a model from a "
+                                                  "file, PATH.py:Class, or a module, module:Class")
     p.add_argument("--out", default=os.path.join("out", "reproduce"), help="cells go to OUT/<preset>/<task>_<model>")
     p.add_argument("--results", default=None, help="where table.md and the figures go (default OUT/<preset>; "
                                                    "`--results results` updates the committed table)")
@@ -299,9 +315,14 @@ def parse_args(argv):
     args.tasks = args.tasks or ",".join(t for t in TASK_ORDER if t in valid_tasks)
     args.models = args.models or ",".join(m for m in MODEL_ORDER if m in row_models())
     for kind, given, valid in (("task", args.tasks, valid_tasks), ("model", args.models, row_models())):
-        bad = [x for x in given.split(",") if x not in valid]
+        bad = [x for x in given.split(",") if x not in valid and (kind == "task" or ":" not in x)]
         if bad:
-            p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
+            p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}"
+                    + (", or PATH.py:Class or module:Class" if kind == "model" else ""))
+    try:  # a model from a file: found now, its path made absolute (presets.model_spec)
+        args.models = ",".join(presets.model_spec(m) if ":" in m else m for m in args.models.split(","))
+    except ValueError as e:
+        p.error(f"--models {e}")
     if args.jobs < 0:
         p.error(f"--jobs must be >= 0, got {args.jobs}")
     per_cell = ("--task", "--model", "--preset", "--out_dir", "--resume", "--eval_only")
@@ -333,11 +354,16 @@ def sweep(args, extra):
     n_gpus = torch.cuda.device_count() if args.preset != "tiny" else 0
     jobs = args.jobs or max(n_gpus, 1)
     todo, status = [], {}
+    notes = []  # why each n/a cell is
     for task, model in cells:
-        out_dir = os.path.join(out_root, f"{task}_{model}")
+        out_dir = cell_dir(out_root, task, model)
         argv = cell_argv(task, model, args.preset, out_dir, extra)
         presets.parse_args(argv)  # a bad flag in `extra` stops here, before anything runs (one-line error, exit 2)
-        if load_results(out_dir) is not None:
+        why = refusal(task, model)
+        if why:  # e.g. a model with token inputs only, on regression
+            status[(task, model)] = "n/a"
+            notes.append(f"{task} x {presets.model_name(model)}: n/a, {why}.")
+        elif load_results(out_dir) is not None:
             status[(task, model)] = "finished before"
         elif not args.table_only:
             resume = ["--resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
@@ -348,16 +374,18 @@ def sweep(args, extra):
     except ValueError as e:
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         return 2
-    n_done = len(cells) - len(todo)
+    n_done = len(cells) - len(todo) - len(notes)
     if not args.table_only:
         print(f"{len(cells)} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run, "
-              f"{jobs} at a time{f' on {n_gpus} GPUs' if n_gpus else ''}")
+              f"{f'{len(notes)} n/a, ' if notes else ''}{jobs} at a time{f' on {n_gpus} GPUs' if n_gpus else ''}")
+    for note in notes:
+        print(note)
     for _, _, log in todo:
         os.makedirs(os.path.dirname(log), exist_ok=True)
     cells_run = run_cells(todo, jobs, n_gpus)
     try:
         for i, ((task, model), rc, secs) in enumerate(cells_run, 1):
-            out_dir = os.path.join(out_root, f"{task}_{model}")
+            out_dir = cell_dir(out_root, task, model)
             r = load_results(out_dir)
             if rc == 0 and r is not None:
                 status[(task, model)] = "finished"
@@ -372,7 +400,7 @@ def sweep(args, extra):
                 print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}); see {log}")
     finally:
         cells_run.close()  # an interrupt stops the running cells and waits for them
-    path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status)
+    path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status, notes)
     failed = [c for c, s in status.items() if s.startswith("failed")]
     print(f"wrote {path}" + (f" | {len(failed)} cells failed" if failed else ""))
     return 1 if failed else 0

@@ -22,8 +22,8 @@ import torch
 
 from checkpoints import checkpoint, load_checkpoint, print0, resume, write_json
 from oracles import Metrics
-from presets import (IO_FIELDS, MODELS, build_config, check_train, during_seed, fit_block_size, match_width,
-                     parse_args, parse_stop, resume_config)
+from presets import (IO_FIELDS, build_config, check_train, during_seed, fill_io, fit_block_size, match_width,
+                     model_name, parse_args, parse_stop, resolve_model, resume_config)
 from runtime import (CompiledOrEager, Optimizers, autocast, cli, code_version, data_parallel, data_source, fmt_time,
                      global_mean, guarded, oom_hint, prepare_out_dir)
 from tasks import make_task
@@ -41,14 +41,14 @@ def build(cfg, device, saved=None):
         eval_tasks[f"K{K}"] = make_task(cfg["task"], **(cfg["task_opts"] | {"K": K}))
     if train["train_all_queries"] and cfg["task"] != "recall":
         raise ValueError(f"--train_all_queries is an option of --task recall, not {cfg['task']!r}")
-    Config, Model = MODELS[cfg["model"]]
-    io = {k: getattr(task, k) for k in IO_FIELDS}
+    Config, Model = resolve_model(cfg["model"])
     # training sequences (every key queried) can be longer than the evaluation's: the context fits both
     train_tasks = [task.all_queries()] if train["train_all_queries"] else []
     longest = max(t.seq_len for t in [*eval_tasks.values(), *train_tasks])
-    mc = dict(saved) if saved else {"block_size": longest} | cfg["model_opts"] | io
+    # the options, and the task's I/O fields that the config has: a model that lacks one it needs is refused here
+    mc = dict(saved) if saved else fill_io(cfg["model"], task, cfg["model_opts"], longest)
     if train["match_params"] and not saved:
-        mc = match_width(cfg, Config, Model, mc, {"block_size": longest} | io)
+        mc = match_width(cfg, Config, Model, mc, fill_io("transformer", task, {}, longest))
     config = Config(**fit_block_size(Config, Model, mc, longest))
     model = Model(config).to(device)
     return task, eval_tasks, model, make_optimizer(model, train, device), asdict(config)
@@ -335,7 +335,7 @@ def main(argv=None):
     try:
         if not (given.get("resume") or given.get("eval_only")):
             return run(build_config(known.task, known.model, known.preset, given))
-        out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{known.model}")
+        out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{model_name(known.model)}")
         state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
         return run(resume_config(state, known, given, out_dir), state, eval_only=bool(given.get("eval_only")))
     except ValueError as e:
