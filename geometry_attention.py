@@ -350,10 +350,10 @@ def checkpoint_stats(model, task, batch, args, final_frame=None):
         mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
         mask[0, h] = 0
         damage[f"L0H{h}"] = entropy_mae(model, task, batch, head_mask=mask)["mae_token"] - base["mae_token"]
-    top, second = sorted(damage.values(), reverse=True)[:2]
+    top, second = (sorted(damage.values(), reverse=True) + [0.0])[:2]  # one head: no second, no ratio
     r = dict(keys_jlens=jlens_keys(model, task), att_entropy_bits=[entropy_bits(l["att"][:, :, q_pos]).mean().item()
                                                                      for l in inside["layers"]],
-             skip_ratio=skip, l0_damage=damage, l0_top_over_second=top / max(second, 1e-9))
+             skip_ratio=skip, l0_damage=damage, l0_top_over_second=top / second if second > 0 else None)
     if task.name == "bijection" and task.layout == "separate":
         after = final_streams(model, batch.x)[1][:, 1::2]  # (B, L - 1, d) the value positions
         i = torch.arange(after.shape[1])
