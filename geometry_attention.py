@@ -403,7 +403,8 @@ def dynamics_draw(rows, att, plt):
     """Against the per-token MAE (falling to the right): attention similarity to the final maps, the layer-0
     keys, layer skips, the layer-0 heads' concentration and the frame ratio, the value manifold's PC1 share."""
     fig, axs = plt.subplots(1, 6, figsize=(26, 3.8))
-    col = lambda k, l=None: [r[k] if l is None else r[k][l] for r in rows]
+    nan = float("nan")  # a figure missing at a checkpoint (a single head's ratio, a frame ratio not computed)
+    col = lambda k, l=None: [nan if r.get(k) is None else r[k] if l is None else r[k][l] for r in rows]
     n_layer = len(rows[0]["att_similarity"])
     panels = {"entropy MAE (bits) by step": {"per token": col("mae_token"), "mean-curve": col("mae_curve")},
               "attention similarity to final (1 - JS)": {f"layer {l}": col("att_similarity", l) for l in range(n_layer)},
@@ -412,7 +413,8 @@ def dynamics_draw(rows, att, plt):
                                                              "max": [max(k) for k in col("keys_jlens")]},
               "MAE with one layer skipped / intact": {f"layer {l}": col("skip_ratio", l) for l in range(n_layer)},
               "layer-0 heads": {"top / second head's damage": col("l0_top_over_second")}
-              | ({"frame ratio (jlens)": [r["frame"]["frame_ratio"] for r in rows]} if "frame" in rows[0] else {}),
+              | ({"frame ratio (jlens)": [r["frame"]["frame_ratio"] if "frame" in r else nan for r in rows]}
+                 if any("frame" in r for r in rows) else {}),
               "value manifold: PC1 share": {k: [r["values"][k]["pc1_share"] for r in rows] for k in
                                             (rows[0].get("values") or {})}}
     for i, (ax, (title, curves)) in enumerate(zip(axs, panels.items())):
