@@ -36,6 +36,15 @@ VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_a
 # devices: CPU, CUDA (bf16 autocast, torch.compile), MPS, torchrun
 
 
+def env_int(name, default):
+    """The environment variable `name` (torchrun's WORLD_SIZE, LOCAL_RANK, ...) as an integer >= 0."""
+    value = os.environ.get(name, "").strip() or str(default)
+    if not value.isdigit():
+        raise ValueError(f"environment variable {name}={os.environ[name]!r} must be an integer >= 0 "
+                         f"(torchrun sets it; unset it to run alone)")
+    return int(value)
+
+
 def pick_device(name, local_rank=None):
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
@@ -44,7 +53,7 @@ def pick_device(name, local_rank=None):
         raise ValueError(f"device {name!r} is not available here; use auto or cpu")
     if name == "cuda" and local_rank is not None:
         # one GPU per data-parallel process: every process checks, so none waits for a rank that cannot start
-        n, procs = torch.cuda.device_count(), max(int(os.environ.get("LOCAL_WORLD_SIZE", 0)), local_rank + 1)
+        n, procs = torch.cuda.device_count(), max(env_int("LOCAL_WORLD_SIZE", 0), local_rank + 1)
         if procs > n:
             raise ValueError(f"torchrun started {procs} processes on this machine but it has {n} "
                              f"GPU{'s' * (n != 1)}: use --nproc_per_node={n} or fewer")
@@ -75,7 +84,7 @@ def data_source(train, device, task=None):
 
 def init_distributed(train, device):
     """(rank, world size): (0, 1) alone, else joins the torchrun process group (NCCL on GPUs, gloo on CPUs)."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = env_int("WORLD_SIZE", 1)
     if world == 1:
         return 0, 1
     if train["batch_size"] % world:
@@ -318,7 +327,7 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
     """loop(proc) on this process's device (under torchrun: its rank's GPU, in the process group), with Ctrl-C,
     out of memory and a full disk reported in one line saying what was kept (exit code 2); a run that left
     nothing leaves no empty folders either. resumed_at: the step of the checkpoint it continues."""
-    device = pick_device(train["device"], int(os.environ.get("LOCAL_RANK", 0)) if "WORLD_SIZE" in os.environ else None)
+    device = pick_device(train["device"], env_int("LOCAL_RANK", 0) if "WORLD_SIZE" in os.environ else None)
     rank, world = init_distributed(train, device)
     out_dir = new = os.path.abspath(train["out_dir"])
     while not os.path.exists(os.path.dirname(new)):  # the outermost folder this run will create
