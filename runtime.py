@@ -393,13 +393,27 @@ def oom_hint(hint):
         raise
 
 
+def check_sizes(p, threads=None, seeds=(), seed_flag="--seed", **sizes):
+    """A script's common flags, refused with p.error naming the flag: --threads above 4 per core (torch
+    crashes far above), a seed outside torch's 0..2**63-1, a size flag (name=value or list) below 1."""
+    top = (os.cpu_count() or 1) * 4
+    if threads is not None and threads > top:
+        p.error(f"--threads {threads}: at most {top} here (4 per core)")
+    bad = [s for s in seeds if not 0 <= s < 2**63]
+    if bad:
+        p.error(f"{seed_flag} {bad[0]}: a seed must be in 0..2**63-1")
+    for flag, v in sizes.items():
+        if min(v if isinstance(v, list) else [v]) < 1:
+            p.error(f"--{flag} must be >= 1, got {' '.join(map(str, v if isinstance(v, list) else [v]))}")
+
+
 def interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
 def cli(main, prog, kept):
     """A script's main() from the shell: Ctrl-C, or SIGTERM (kill, a scheduler's stop), ends it with one line
-    (what was kept) and exit code 2."""
+    (what was kept) and exit code 2; a full or read-only disk, or no memory, with one line and exit code 1."""
     signal.signal(signal.SIGTERM, interrupt)
     try:
         sys.exit(main())
@@ -407,6 +421,11 @@ def cli(main, prog, kept):
         if getattr(e, "reported_to", None) is not sys.stderr:
             print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
         sys.exit(2)
+    except (OSError, MemoryError, RuntimeError) as e:  # a full or read-only disk, no memory: one line
+        if not (isinstance(e, OSError) or is_oom(e)):
+            raise
+        print(f"{prog}: error: {fault(e).splitlines()[0]}; {kept}", file=sys.stderr)
+        sys.exit(1)
 
 
 def run_in_process(main, argv, log, mode="a", contain=True):
