@@ -62,7 +62,8 @@ def in_fresh_process(command, one, args, flags, extra=()):
 
 
 def parse_kernel_args(p, argv, sizes=()):
-    """scan's and memory's arguments: p's flags (`sizes`: those that must be >= 1), and where and how often to time one forward + backward."""
+    """scan's and memory's arguments: p's flags (`sizes`: those that must be >= 1), and where and how often to
+    time one forward + backward."""
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions; the best is reported (default 3)")

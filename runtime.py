@@ -15,6 +15,7 @@ checkpoints.py's.
 - a script's main can run inside a sweep, its output to a log file (run_in_process).
 """
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
+import argparse
 import math
 import os
 import re
@@ -391,6 +392,13 @@ def oom_hint(hint):
         if is_oom(e):
             e.hint = hint
         raise
+
+
+def seed_arg(s):
+    """argparse type of a seed flag: an integer in torch's 0..2**63-1."""
+    if not (s.isdigit() and int(s) < 2**63):
+        raise argparse.ArgumentTypeError(f"{s!r}: a seed must be an integer in 0..2**63-1")
+    return int(s)
 
 
 def check_sizes(p, threads=None, seeds=(), seed_flag="--seed", **sizes):
