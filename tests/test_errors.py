@@ -181,6 +181,7 @@ def test_seeds_of_different_depths_are_not_cut(tmp_path, capsys):
     assert "layer counts differ" in capsys.readouterr().out
 
 
-def test_geometry_refuses_a_seed_past_torchs_range(tmp_path):
+def test_geometry_refuses_a_seed_past_torchs_range(tmp_path, capsys):
     import geometry
     assert exit_code(geometry.main, ["qk", "--ckpt", str(tmp_path), "--seed", str(2**64)]) == 2
+    assert "--seed" in capsys.readouterr().err
