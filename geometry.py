@@ -48,7 +48,7 @@ from geometry_attention import (ATTENTION, KEY_TASKS, ablate, ablate_figures, dy
 from geometry_stats import abs_corr, final_streams, manifold_stats, probe, r2, state_clusters, subsample
 from oracles import LOG2, entropy_bits, gaussian_kl_bits, oracle
 from presets import Parser
-from runtime import cli, pyplot, seed_arg
+from runtime import cli, fault, pyplot, seed_arg
 from tasks import Batch, make_task
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
@@ -338,16 +338,14 @@ def claims(runs, found):
             lacking = [r["run"] for r, v in zip(runs, values) if v is None or isinstance(v, list) and None in v]
             if lacking:
                 missing[name] = dict(diagnostic=n, runs=lacking)
-            elif len({len(v) for v in values if isinstance(v, list)}) > 1:  # models of different depths
-                missing[name] = dict(diagnostic=n, runs=[r["run"] for r in runs],
-                                     layers=[len(v) if isinstance(v, list) else None for v in values])
+            elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) > 1:  # depths differ
+                missing[name] = dict(diagnostic=n, runs=[r["run"] for r in runs], layers=[len(v) for v in values])
             else:
                 figures[name] = spread(values)
     return figures, missing
 
 
-def read_runs(run_dirs):
-    """(runs, their figures) from their folders; none there, a corrupt or foreign file: a ValueError naming it."""
+def read_runs(run_dirs):  # (runs, their figures); no geometry_*.json, a corrupt or foreign one: a ValueError
     runs, found = [], []
     for run in run_dirs:
         paths = {n: f for n in DIAGNOSTICS if os.path.exists(f := os.path.join(run, f"geometry_{n}.json"))}
@@ -491,8 +489,10 @@ def main(argv=None):
                 write_file(base + ".png", lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
                 plt.close(fig)
             print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))
-    except ValueError as e:  # a full or read-only disk: one line by cli, exit 1 (every file is written whole)
+    except ValueError as e:
         p.exit(2, f"geometry.py: error: {e}\n")
+    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (write_file)
+        return print(f"geometry.py: error: {fault(e)}; the files written before are kept", file=sys.stderr) or 1
     return 0
 
 
