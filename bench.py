@@ -61,8 +61,9 @@ def in_fresh_process(command, one, args, flags, extra=()):
     return json.loads(run.stdout.strip().splitlines()[-1]), None
 
 
-def parse_kernel_args(p, argv):
-    """scan's and memory's arguments: p's flags, and where and how often to time one forward + backward."""
+def parse_kernel_args(p, argv, sizes=()):
+    """scan's and memory's arguments: p's flags (`sizes`: those that must be >= 1), and where and how often to
+    time one forward + backward."""
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions; the best is reported (default 3)")
@@ -71,6 +72,7 @@ def parse_kernel_args(p, argv):
     args = p.parse_args(argv)
     if args.reps < 1 or args.warmup < 0:  # every command times best-of --reps
         p.error(f"--reps must be >= 1 and --warmup >= 0, got --reps {args.reps} --warmup {args.warmup}")
+    runtime.check_sizes(p, args.threads, [args.seed], **{k: getattr(args, k) for k in sizes})
     if not args.one and args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("CUDA is not available here")
     args.setting = (f"{args.device}{f', {args.threads} threads' if args.device == 'cpu' else ''}, "
@@ -222,6 +224,7 @@ def train_args(argv):
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
     if min(args.threads, args.reps, args.peak_n) < 1 or min(args.warmup, args.batch_size, args.data_chunk) < 0:
         p.error("--threads, --reps and --peak_n must be >= 1, --warmup, --batch_size and --data_chunk >= 0")
+    runtime.check_sizes(p, args.threads)
     try:
         presets.check_device(args.device)
         runtime.pick_device(args.device)
@@ -347,7 +350,7 @@ def bench_scan(argv):
     p.add_argument("--L", type=int, nargs="+", default=[64, 256, 1024], help="sequence lengths (default 64 256 1024)")
     p.add_argument("--modes", nargs="+", default=list(SCAN_MODES), choices=SCAN_MODES, help="scan modes to compare")
     p.add_argument("--one", nargs=2, metavar=("MODE", "L"), help=argparse.SUPPRESS)  # internal: one measurement
-    args = parse_kernel_args(p, argv)
+    args = parse_kernel_args(p, argv, ("B", "D", "N", "L"))
     if args.one:
         print(json.dumps(measure_scan(args.one[0], int(args.one[1]), args)))
         return 0
@@ -422,7 +425,9 @@ def bench_memory(argv):
     p.add_argument("--decay", type=float, default=1.0, help="hebbian decay (default 1)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="default float32")
     p.add_argument("--one", nargs=4, metavar=("RULE", "MODE", "CHUNK", "T"), help=argparse.SUPPRESS)  # internal
-    args = parse_kernel_args(p, argv)
+    args = parse_kernel_args(p, argv, ("B", "H", "d_k", "d_v", "T"))
+    if not 0 < args.decay <= 1:  # nan fails this too
+        p.error(f"--decay must be in (0, 1] (1: no decay), got {args.decay}")
     if args.one:
         rule, mode, chunk, T = args.one
         print(json.dumps(measure_memory(rule, mode, int(chunk) or None, int(T), args)))

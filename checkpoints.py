@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import torch
 import torch.distributed as dist
@@ -192,6 +193,13 @@ def pid_alive(pid):
     return True
 
 
+def _mtime(path):
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return time.time()
+
+
 def lock_out_dir(out_dir):
     """Take <out_dir>/.lock, holding this process's pid, for the run's lifetime: a second run into the folder is
     refused at once, naming the owner; a lock whose pid is gone (kill -9) is taken over, and so is one that this
@@ -212,10 +220,12 @@ def lock_out_dir(out_dir):
                     f.write(f"{os.getpid()}\n")
                 os.replace(f"{path}.{os.getpid()}", path)
                 return path
-            if not owner or pid_alive(owner) or attempt:  # empty: its owner is writing its pid right now
+            stale = not owner and time.time() - _mtime(path) > 5  # empty for seconds: its owner died writing it
+            if (not owner and not stale) or (owner and pid_alive(owner)) or attempt:  # empty: pid being written
                 raise ValueError(f"{out_dir} is in use by another run (pid {owner or 'unknown'}, lock {path}): "
                                  f"wait for it to end, or use another --out_dir") from None
-            print0(f"{path}: taking over the lock of pid {owner or 'unknown'}, which is no longer running")
+            print0(f"{path}: taking over the lock of pid {owner}, which is no longer running" if owner else
+                   f"{path}: taking over an empty lock left by a run that died before writing its pid")
             with suppress(FileNotFoundError):
                 os.remove(path)
             continue

@@ -166,7 +166,13 @@ def variant(s):
     rule, _, param = s.partition("@")
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r} in {s!r}; valid: {', '.join(RULES)}")
-    return s, rule, float(param) if param else None if rule == "hebbian" else 1.0
+    try:
+        value = float(param) if param else None if rule == "hebbian" else 1.0
+    except ValueError:
+        value = math.nan
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"{s!r}: the value after @ must be a finite number")
+    return s, rule, value
 
 
 FLAGS = {  # name: (default, help, experiments)
@@ -242,6 +248,10 @@ def parse_args(argv):
             p.error(f"--threads must be >= 0 (0: torch's default), got {values[0]}")
         if flag in ("ws", "nd") and len(values) != len(default):
             p.error(f"--{flag} takes {len(default)} numbers: {FLAGS[flag][1]}")
+    runtime.check_sizes(p, getattr(args, "threads", None), [getattr(args, "seed", 0)])
+    runtime.check_sizes(p, seeds=getattr(args, "seeds", []), seed_flag="--seeds")
+    if hasattr(args, "norm_every") and args.norm_every >= args.steps:  # |S|_F twice at least: its growth
+        p.error(f"--norm_every ({args.norm_every}) must be less than --steps ({args.steps})")
     try:
         args.variants = [variant(v) for v in getattr(args, "variants", [])]
     except ValueError as e:
@@ -271,6 +281,21 @@ def save_figure(figure, result, path):
     return True
 
 
+def load_result(name, path):
+    """An experiment's json, checked by reading it into its summary: a corrupt or foreign one -> ValueError
+    naming the file."""
+    try:
+        with open(path) as f:
+            result = json.load(f)
+        summary({name: result})
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); rerun `conditioning.py {name}`") from None
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        what = f"lacks the key {e}" if isinstance(e, KeyError) else f"is not what conditioning.py writes ({e})"
+        raise ValueError(f"{path} {what}; rerun `conditioning.py {name}`") from None
+    return result
+
+
 def main(argv=None):
     args, p = parse_args(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(getattr(args, "threads", 0) or torch.get_num_threads())
@@ -289,8 +314,7 @@ def main(argv=None):
             results = {}
             for name in EXPERIMENTS:
                 if os.path.exists(path(name, "json")):
-                    with open(path(name, "json")) as f:
-                        results[name] = json.load(f)
+                    results[name] = load_result(name, path(name, "json"))
                     if args.command == "summary":  # the figures too, from the same json
                         save_figure(steps[name][1], results[name], path(name, "png"))
             checkpoints.write_text(path("summary", "md"), summary(results))

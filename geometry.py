@@ -42,13 +42,13 @@ import sys
 import torch
 from einops import rearrange
 
-from checkpoints import build_model, ckpt_path, load, write_file, write_json
+from checkpoints import build_model, check_out_dir, ckpt_path, load, write_file, write_json
 from geometry_attention import (ATTENTION, KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
                                 keys_figures, qk, qk_figures)
 from geometry_stats import abs_corr, final_streams, manifold_stats, probe, r2, state_clusters, subsample
 from oracles import LOG2, entropy_bits, gaussian_kl_bits, oracle
 from presets import Parser
-from runtime import cli, pyplot
+from runtime import cli, fault, pyplot, seed_arg
 from tasks import Batch, make_task
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
@@ -301,15 +301,20 @@ def spread(values):  # per figure: each seed's, their mean, min and max (element
     return dict(values=values, mean=sum(values) / len(values), min=min(values), max=max(values))
 
 
-def read_json(path):
-    with open(path) as f:
-        return json.load(f)
+def read_json(path):  # a JSON object: a corrupt file, or other JSON, is a ValueError naming it
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        if not isinstance(d, dict):
+            raise ValueError(f"a {type(d).__name__}, not an object")
+    except ValueError as e:  # UnicodeDecodeError too
+        raise ValueError(f"{path} is not the JSON geometry.py writes ({e}): run geometry.py all again") from None
+    return d
 
 
 def read_figures(name, d, path):
-    """The figures of geometry_<name>.json (d, read from path): those it holds, or for a file written before the
-    diagnostics wrote them, the same read from its numbers by the diagnostic's FIGURES function (the layout is
-    the same); a layout it cannot read is a ValueError naming the file."""
+    """The figures of geometry_<name>.json (d, read from path): those it holds, or for an older file, read from its
+    numbers by the diagnostic's FIGURES function; a layout it cannot read is a ValueError naming the file."""
     if "figures" in d:
         return d["figures"]
     try:
@@ -333,9 +338,23 @@ def claims(runs, found):
             lacking = [r["run"] for r, v in zip(runs, values) if v is None or isinstance(v, list) and None in v]
             if lacking:
                 missing[name] = dict(diagnostic=n, runs=lacking)
+            elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) > 1:  # depths differ
+                missing[name] = dict(diagnostic=n, runs=[r["run"] for r in runs], layers=[len(v) for v in values])
             else:
                 figures[name] = spread(values)
     return figures, missing
+
+
+def read_runs(run_dirs):  # (runs, their figures); no geometry_*.json, a corrupt or foreign one: a ValueError
+    runs, found = [], []
+    for run in run_dirs:
+        paths = {n: f for n in DIAGNOSTICS if os.path.exists(f := os.path.join(run, f"geometry_{n}.json"))}
+        if not paths:
+            raise ValueError(f"no geometry_*.json in {run} (first: geometry.py all --ckpt {run})")
+        meta = read_json(r) if os.path.exists(r := os.path.join(run, "results.json")) else {}
+        runs.append(dict(run=run, seed=meta.get("seed"), iter=meta.get("iter")))
+        found.append({n: read_figures(n, read_json(f), f) for n, f in paths.items()})
+    return runs, found
 
 
 def seeds(argv):
@@ -347,20 +366,11 @@ def seeds(argv):
     p.add_argument("runs", nargs="+", help="the runs' out_dirs, each with its geometry_<diagnostic>.json")
     p.add_argument("--out", required=True, help="folder for geometry_seeds.json")
     args = p.parse_args(argv)
-    runs, found = [], []
-    for run in args.runs:
-        paths = {n: os.path.join(run, f"geometry_{n}.json") for n in DIAGNOSTICS}
-        paths = {n: f for n, f in paths.items() if os.path.exists(f)}
-        if not paths:
-            p.exit(2, f"geometry.py seeds: error: no geometry_*.json in {run} (first: geometry.py all --ckpt {run})\n")
-        result = os.path.join(run, "results.json")
-        meta = read_json(result) if os.path.exists(result) else {}
-        runs.append(dict(run=run, seed=meta.get("seed"), iter=meta.get("iter")))
-        read = {n: (read_json(f), f) for n, f in paths.items()}
-        try:
-            found.append({n: read_figures(n, d, f) for n, (d, f) in read.items()})
-        except ValueError as e:
-            p.exit(2, f"geometry.py seeds: error: {e}\n")
+    try:
+        check_out_dir(args.out, "--out")
+        runs, found = read_runs(args.runs)
+    except ValueError as e:
+        p.exit(2, f"geometry.py seeds: error: {e}\n")
     figures, missing = claims(runs, found)
     write_json(os.path.join(args.out, "geometry_seeds.json"), to_json(dict(runs=runs, figures=figures,
                                                                           missing=missing)))
@@ -372,7 +382,8 @@ def seeds(argv):
         print(f"| {' | '.join(cells)} |")
     for name, m in missing.items():
         where = "every run" if len(m["runs"]) == len(runs) else ", ".join(m["runs"])
-        print(f"missing: {name} (geometry_{m['diagnostic']}.json) in {where}")
+        print(f"missing: {name} (geometry_{m['diagnostic']}.json) in {where}"
+              + (f": the layer counts differ, run by run {m['layers']}" if "layers" in m else ""))
     print(f"wrote {os.path.join(args.out, 'geometry_seeds.json')}")
     return 0
 
@@ -425,7 +436,7 @@ def main(argv=None):
                    help="which diagnostic (all: every one that applies); `geometry.py seeds --help`: over seeds")
     p.add_argument("--ckpt", required=True, help="a run's out_dir (its ckpt.pt) or a checkpoint file")
     p.add_argument("--n_seq", type=int, default=200, help="held-out sequences to analyse")
-    p.add_argument("--seed", type=int, default=None, help="seed of those sequences (default: the run's eval_seed)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed of those sequences (default: the run's eval_seed)")
     p.add_argument("--max_points", type=int, default=3000, help="points in the scatter plots and the silhouette")
     p.add_argument("--key_tokens", default="hypothesis", choices=("hypothesis", "vocab"),
                    help="keys: the hypothesis tokens (paper) or every token id (authors' qkv_analysis)")
@@ -481,9 +492,7 @@ def main(argv=None):
     except ValueError as e:
         p.exit(2, f"geometry.py: error: {e}\n")
     except OSError as e:  # a full or read-only disk: every file is written whole or not at all (write_file)
-        print(f"geometry.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; the files written "
-              f"before are kept", file=sys.stderr)
-        return 1
+        return print(f"geometry.py: error: {fault(e)}; the files written before are kept", file=sys.stderr) or 1
     return 0
 
 

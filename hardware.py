@@ -157,6 +157,11 @@ def bench_matmul(argv):
     args = p.parse_args(argv)
     if min(args.threads, args.n, args.reps) < 1 or not args.ref_gflops > 0:
         p.error("--threads, --n and --reps must be >= 1 and --ref_gflops > 0")
+    runtime.check_sizes(p, args.threads)
+    free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
+    if free and 3 * 4 * args.n ** 2 > free:  # a, b and a @ b in fp32
+        p.error(f"--n {args.n}: three {args.n} x {args.n} matrices need {12 * args.n ** 2 / 2**30:.1f} GiB, "
+                f"{free / 2**30:.1f} GiB is free here; use a smaller --n")
     if args.json:
         try:
             checkpoints.check_out_dir(os.path.dirname(args.json) or ".", "--json")
@@ -411,6 +416,7 @@ def bench_gpu(argv):
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
     if args.steps < 0 or args.threads < 1:
         p.error("--steps must be >= 0 and --threads >= 1")
+    runtime.check_sizes(p, args.threads)
     args.steps = args.steps or (2 if args.dry_run else 5)
     try:
         presets.check_device(args.device)

@@ -471,6 +471,8 @@ def parse_stop(spec, task):
         x = float(m.group(3)) if m else None
     except ValueError:
         x = None
+    if x is not None and not math.isfinite(x):
+        raise ValueError(f"--stop_at {spec!r}: the threshold must be a finite number, got {x}")
     if x is None:
         raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
                          "mae_curve, mae_token, kl, accuracy")

@@ -98,11 +98,14 @@ def flags(opts):
 
 
 def load_results(out_dir):
+    """A cell's results.json; None where it is missing, corrupt or lacks its metrics (an unfinished cell)."""
     try:
         with open(os.path.join(out_dir, "results.json")) as f:
-            return json.load(f)
+            r = json.load(f)
     except (OSError, ValueError):
         return None
+    ok = isinstance(r, dict) and isinstance(r.get("metrics"), dict) and isinstance(r["metrics"].get("default"), dict)
+    return r if ok else None
 
 
 def note_command(log, argv):
@@ -336,13 +339,15 @@ def parse_args(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["time_to_target"]:
-        return time_to_target(argv[1:])
-    args, extra = parse_args(argv)
+    ttt = argv[:1] == ["time_to_target"]
     try:
+        if ttt:
+            return time_to_target(argv[1:])
+        args, extra = parse_args(argv)
         return sweep(args, extra)
     except OSError as e:  # a full or read-only disk: every file is written whole or not at all (checkpoints.write_file)
-        print(f"reproduce.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; finished cells and the "
+        kept = "the runs keep their checkpoints" if ttt else "finished cells"
+        print(f"reproduce.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; {kept} and the "
               f"files written before are kept", file=sys.stderr)
         return 1
 

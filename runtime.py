@@ -15,6 +15,7 @@ checkpoints.py's.
 - a script's main can run inside a sweep, its output to a log file (run_in_process).
 """
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
+import argparse
 import math
 import os
 import re
@@ -36,6 +37,15 @@ VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_a
 # devices: CPU, CUDA (bf16 autocast, torch.compile), MPS, torchrun
 
 
+def env_int(name, default):
+    """The environment variable `name` (torchrun's WORLD_SIZE, LOCAL_RANK, ...) as an integer >= 0."""
+    value = os.environ.get(name, "").strip() or str(default)
+    if not value.isdigit():
+        raise ValueError(f"environment variable {name}={os.environ[name]!r} must be an integer >= 0 "
+                         f"(torchrun sets it; unset it to run alone)")
+    return int(value)
+
+
 def pick_device(name, local_rank=None):
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
@@ -44,7 +54,7 @@ def pick_device(name, local_rank=None):
         raise ValueError(f"device {name!r} is not available here; use auto or cpu")
     if name == "cuda" and local_rank is not None:
         # one GPU per data-parallel process: every process checks, so none waits for a rank that cannot start
-        n, procs = torch.cuda.device_count(), max(int(os.environ.get("LOCAL_WORLD_SIZE", 0)), local_rank + 1)
+        n, procs = torch.cuda.device_count(), max(env_int("LOCAL_WORLD_SIZE", 0), local_rank + 1)
         if procs > n:
             raise ValueError(f"torchrun started {procs} processes on this machine but it has {n} "
                              f"GPU{'s' * (n != 1)}: use --nproc_per_node={n} or fewer")
@@ -75,7 +85,7 @@ def data_source(train, device, task=None):
 
 def init_distributed(train, device):
     """(rank, world size): (0, 1) alone, else joins the torchrun process group (NCCL on GPUs, gloo on CPUs)."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = env_int("WORLD_SIZE", 1)
     if world == 1:
         return 0, 1
     if train["batch_size"] % world:
@@ -318,7 +328,7 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
     """loop(proc) on this process's device (under torchrun: its rank's GPU, in the process group), with Ctrl-C,
     out of memory and a full disk reported in one line saying what was kept (exit code 2); a run that left
     nothing leaves no empty folders either. resumed_at: the step of the checkpoint it continues."""
-    device = pick_device(train["device"], int(os.environ.get("LOCAL_RANK", 0)) if "WORLD_SIZE" in os.environ else None)
+    device = pick_device(train["device"], env_int("LOCAL_RANK", 0) if "WORLD_SIZE" in os.environ else None)
     rank, world = init_distributed(train, device)
     out_dir = new = os.path.abspath(train["out_dir"])
     while not os.path.exists(os.path.dirname(new)):  # the outermost folder this run will create
@@ -384,13 +394,34 @@ def oom_hint(hint):
         raise
 
 
+def seed_arg(s):
+    """argparse type of a seed flag: an integer in torch's 0..2**63-1."""
+    if not (s.isdigit() and int(s) < 2**63):
+        raise argparse.ArgumentTypeError(f"{s!r}: a seed must be an integer in 0..2**63-1")
+    return int(s)
+
+
+def check_sizes(p, threads=None, seeds=(), seed_flag="--seed", **sizes):
+    """A script's common flags, refused with p.error naming the flag: --threads above 4 per core (torch
+    crashes far above), a seed outside torch's 0..2**63-1, a size flag (name=value or list) below 1."""
+    top = (os.cpu_count() or 1) * 4
+    if threads is not None and threads > top:
+        p.error(f"--threads {threads}: at most {top} here (4 per core)")
+    bad = [s for s in seeds if not 0 <= s < 2**63]
+    if bad:
+        p.error(f"{seed_flag} {bad[0]}: a seed must be in 0..2**63-1")
+    for flag, v in sizes.items():
+        if min(v if isinstance(v, list) else [v]) < 1:
+            p.error(f"--{flag} must be >= 1, got {' '.join(map(str, v if isinstance(v, list) else [v]))}")
+
+
 def interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
 def cli(main, prog, kept):
     """A script's main() from the shell: Ctrl-C, or SIGTERM (kill, a scheduler's stop), ends it with one line
-    (what was kept) and exit code 2."""
+    (what was kept) and exit code 2; a full or read-only disk, or no memory, with one line and exit code 1."""
     signal.signal(signal.SIGTERM, interrupt)
     try:
         sys.exit(main())
@@ -398,6 +429,11 @@ def cli(main, prog, kept):
         if getattr(e, "reported_to", None) is not sys.stderr:
             print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
         sys.exit(2)
+    except (OSError, MemoryError, RuntimeError) as e:  # a full or read-only disk, no memory: one line
+        if not (isinstance(e, OSError) or is_oom(e)):
+            raise
+        print(f"{prog}: error: {fault(e).splitlines()[0]}; {kept}", file=sys.stderr)
+        sys.exit(1)
 
 
 def run_in_process(main, argv, log, mode="a", contain=True):

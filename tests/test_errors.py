@@ -1,0 +1,187 @@
+"""Bad input to every script: one line naming what to change, exit 2 (usage) or 1 (fault), no traceback,
+earlier files whole (issue 44)."""
+import json
+import os
+
+import pytest
+
+import checkpoints
+import presets
+import runtime
+from cli import exit_code
+
+
+def test_an_old_empty_lock_is_taken_over(tmp_path, capsys):
+    lock = tmp_path / ".lock"
+    lock.write_text("")
+    os.utime(lock, (1, 1))  # left by a run killed before it wrote its pid
+    assert checkpoints.lock_out_dir(str(tmp_path)) == str(lock)
+    assert lock.read_text().strip() == str(os.getpid())
+    assert "empty lock" in capsys.readouterr().out
+
+
+def test_a_fresh_empty_lock_still_refuses(tmp_path):
+    (tmp_path / ".lock").write_text("")  # its owner may be writing its pid right now
+    with pytest.raises(ValueError, match="in use by another run"):
+        checkpoints.lock_out_dir(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"])
+def test_a_torchrun_variable_that_is_not_an_integer_is_named(monkeypatch, name):
+    monkeypatch.setenv(name, "abc")
+    with pytest.raises(ValueError, match=f"{name}='abc' must be an integer"):
+        runtime.env_int(name, 0)
+
+
+def test_world_size_abc_is_named_by_init_distributed(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    with pytest.raises(ValueError, match="WORLD_SIZE"):
+        runtime.init_distributed({"batch_size": 4}, None)
+
+
+@pytest.mark.parametrize("spec", ["accuracy>=1e400", "kl<=-1e999"])
+def test_stop_at_refuses_an_infinite_threshold(spec):
+    with pytest.raises(ValueError, match="finite"):
+        presets.parse_stop(spec, None)
+
+
+# bench.py and hardware.py: refused at parse time, naming the flag (exit 2)
+
+@pytest.mark.parametrize("argv, flag", [
+    (["matmul", "--threads", "100000"], "--threads"), (["train", "--threads", "100000"], "--threads"),
+    (["scan", "--threads", "100000"], "--threads"), (["gpu", "--threads", "100000"], "--threads"),
+    (["matmul", "--n", "10000000"], "--n"), (["scan", "--seed", str(2**64)], "--seed"),
+    (["memory", "--seed", "-1"], "--seed"), (["scan", "--B", "0"], "--B"), (["scan", "--L", "64", "0"], "--L"),
+    (["memory", "--T", "0"], "--T"), (["memory", "--decay", "nan"], "--decay"), (["memory", "--decay", "1.5"], "--decay"),
+])
+def test_bench_refuses_bad_flags_naming_them(argv, flag, capsys):
+    import bench
+    assert exit_code(bench.main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and flag in err[-1] and "Traceback" not in err[-1]  # usage line, then the error
+
+
+def run_cli(main, prog="x.py"):
+    with pytest.raises(SystemExit) as e:
+        runtime.cli(main, prog, "nothing was written")
+    return e.value.code
+
+
+def test_a_full_disk_under_bench_is_one_line(tmp_path, monkeypatch, capsys):
+    import bench
+    import errno
+    import hardware
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+    monkeypatch.setattr(checkpoints, "write_json", full)
+    monkeypatch.setattr(hardware, "machine", lambda *a: dict(matmul_gflops=1.0, cpu="c", isa="i", bf16="", threads=1))
+    monkeypatch.setattr(hardware, "matmul_peak", lambda *a: 1e9)
+    argv = ["matmul", "--n", "8", "--reps", "1", "--threads", "1", "--json", str(tmp_path / "m.json")]
+    assert run_cli(lambda: bench.main(argv), "bench.py") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bench.py: error: {tmp_path / 'm.json'}: No space left on device; nothing was written"]
+
+
+def test_out_of_memory_is_one_line(capsys):
+    def oom():
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 40000000000 bytes.")
+    assert run_cli(oom, "bench.py") == 1
+    assert capsys.readouterr().err.startswith("bench.py: error: out of memory")
+
+
+def test_another_runtime_error_is_not_swallowed():
+    def bug():
+        raise RuntimeError("a bug")
+    with pytest.raises(RuntimeError):
+        runtime.cli(bug, "x.py", "")
+
+
+# conditioning.py
+
+@pytest.mark.parametrize("argv, words", [
+    (["drift", "--variants", "hebbian@nan"], "'hebbian@nan'"), (["drift", "--variants", "delta@inf"], "'delta@inf'"),
+    (["drift", "--norm_every", "100", "--steps", "50"], "--norm_every"),
+    (["drift", "--steps", "1", "--period", "1"], "--norm_every (10) must be less than --steps (1)"),
+    (["drift", "--seed", str(2**64)], "--seed"), (["capacity", "--threads", "100000"], "--threads"),
+    (["depth_width", "--seeds", "0", "-1"], "--seeds -1"),
+])
+def test_conditioning_refuses_bad_flags(tmp_path, argv, words, capsys):
+    import conditioning
+    assert exit_code(conditioning.main, argv + ["--results", str(tmp_path)]) == 2
+    assert words in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("text, words", [('{"wall_s": 1}', "lacks the key 'settings'"), ('{"wall', "not valid JSON")])
+def test_conditioning_summary_names_a_bad_json(tmp_path, text, words, capsys):
+    import conditioning
+    (tmp_path / "drift.json").write_text(text)
+    assert exit_code(conditioning.main, ["summary", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(tmp_path / "drift.json") in err[0] and words in err[0]
+
+
+# reproduce.py
+
+def test_time_to_target_on_a_full_disk_is_one_line(monkeypatch, capsys):
+    import errno
+    import reproduce
+
+    def full(argv):
+        raise OSError(errno.ENOSPC, "No space left on device", "out/time_to_target/x.json")
+    monkeypatch.setattr(reproduce, "time_to_target", full)
+    assert reproduce.main(["time_to_target"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "x.json: No space left on device" in err[0]
+
+
+def test_a_cell_without_metrics_is_unfinished(tmp_path):
+    import reproduce
+    (tmp_path / "results.json").write_text('{"config": {}}')
+    assert reproduce.load_results(str(tmp_path)) is None
+    (tmp_path / "results.json").write_text('[1]')
+    assert reproduce.load_results(str(tmp_path)) is None
+
+
+# geometry.py seeds
+
+def seed_runs(tmp_path, *layers):
+    runs = []
+    for i, n in enumerate(layers):
+        run = tmp_path / f"s{i}"
+        run.mkdir()
+        (run / "geometry_qk.json").write_text(json.dumps({"figures": {"entropy by layer": [0.5] * n}}))
+        runs.append(str(run))
+    return runs
+
+
+def test_seeds_names_a_corrupt_json(tmp_path, capsys):
+    import geometry
+    runs = seed_runs(tmp_path, 2)
+    (tmp_path / "s0" / "geometry_qk.json").write_text("{bad")
+    assert exit_code(geometry.main, ["seeds", *runs, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "s0/geometry_qk.json" in err[0]
+
+
+def test_seeds_refuses_an_out_that_is_a_file(tmp_path, capsys):
+    import geometry
+    (tmp_path / "file").write_text("")
+    assert exit_code(geometry.main, ["seeds", *seed_runs(tmp_path, 2), "--out", str(tmp_path / "file")]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_seeds_of_different_depths_are_not_cut(tmp_path, capsys):
+    import geometry
+    assert exit_code(geometry.main, ["seeds", *seed_runs(tmp_path, 2, 3), "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "geometry_seeds.json").read_text())
+    assert "entropy by layer" not in report["figures"]
+    assert report["missing"]["entropy by layer"]["layers"] == [2, 3]
+    assert "layer counts differ" in capsys.readouterr().out
+
+
+def test_geometry_refuses_a_seed_past_torchs_range(tmp_path, capsys):
+    import geometry
+    assert exit_code(geometry.main, ["qk", "--ckpt", str(tmp_path), "--seed", str(2**64)]) == 2
+    assert "--seed" in capsys.readouterr().err
