@@ -352,7 +352,32 @@ def build_config(task, model, preset, given):
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
+    check_curriculum(task, task_opts, train)
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
+
+
+def check_curriculum(task, task_opts, train):
+    """A new run's --curriculum NAME=START, before train.py builds its stages from the task: an option that
+    changes the model's inputs or outputs is refused by its own name (a task built at START from the options as
+    given, so that an option derived from it, bijection's L from V, is derived again), and a curriculum still
+    growing when a run that trains ends is said on stderr, unless --lr_decay_iters reaches its end (a run to be
+    resumed further). A malformed spec or a stage the task refuses: train.py's parse_curriculum says why."""
+    spec = train["curriculum"]
+    m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
+    if m is None or m.group(1) not in {f.name for f in fields(TASKS[task])}:
+        return
+    try:
+        own, first = make_task(task, **task_opts), make_task(task, **task_opts | {m.group(1): int(m.group(2))})
+    except (ValueError, TypeError):
+        return
+    if [getattr(own, k, None) for k in IO_FIELDS] != [getattr(first, k, None) for k in IO_FIELDS]:
+        raise ValueError(f"--curriculum {spec!r}: {m.group(1)} changes the model's inputs or outputs; grow an option "
+                         f"that only changes the sequences")
+    T, end = train["max_iters"], train["curriculum_iters"]
+    if 0 < T < end and train["lr_decay_iters"] < end and os.environ.get("RANK", "0") == "0":  # T = 0: no training
+        print(f"train.py: note: --curriculum {spec} grows {m.group(1)} until step {end} (--curriculum_iters), "
+              f"past the run's {T} steps (--max_iters): the run ends before the task is its own size; lower "
+              f"--curriculum_iters, or set --lr_decay_iters to the steps you will --resume to", file=sys.stderr)
 
 
 def with_header_rows(task, task_opts, model_opts):
@@ -392,6 +417,9 @@ def resume_config(state, known, given, out_dir):
         if k in RESUMABLE:
             cfg["train"][k] = v
     cfg["train"]["out_dir"] = out_dir
+    if given.get("resume") and cfg["train"]["max_iters"] < state["iter"]:  # nothing to train: it would only evaluate
+        raise ValueError(f"--max_iters {cfg['train']['max_iters']}: the checkpoint in {out_dir} is at step "
+                         f"{state['iter']} already; pass a larger --max_iters to train on, or --eval_only to evaluate it")
     return cfg
 
 
@@ -412,9 +440,12 @@ def check_train(train):
             raise ValueError(f"--{k} must be a finite number, got {train[k]}")
         if not ok(train[k]):
             raise ValueError(f"--{k} must be {want}, got {train[k]}")
-    if train["eval_seed_during"] < -1 or during_seed(train) == train["eval_seed"]:
+    for k in ("seed", "eval_seed"):  # torch's generators take seeds below 2**64; a run adds steps to them
+        if not 0 <= train[k] < 2 ** 63:
+            raise ValueError(f"--{k} must be an integer in [0, 2**63), got {train[k]}")
+    if not -1 <= train["eval_seed_during"] < 2 ** 63 or during_seed(train) == train["eval_seed"]:
         raise ValueError(f"--eval_seed_during must be -1 (--eval_seed + 1) or a seed other than --eval_seed "
-                         f"({train['eval_seed']}), got {train['eval_seed_during']}")
+                         f"({train['eval_seed']}) in [0, 2**63), got {train['eval_seed_during']}")
     check_device(train["device"])
 
 
