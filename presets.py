@@ -357,11 +357,10 @@ def build_config(task, model, preset, given):
 
 
 def check_curriculum(task, task_opts, train):
-    """A new run's --curriculum NAME=START, before train.py builds its stages from the task: an option that
-    changes the model's inputs or outputs is refused by its own name (a task built at START from the options as
-    given, so that an option derived from it, bijection's L from V, is derived again), and a curriculum still
-    growing when a run that trains ends is said on stderr, unless --lr_decay_iters reaches its end (a run to be
-    resumed further). A malformed spec or a stage the task refuses: train.py's parse_curriculum says why."""
+    """A new run's --curriculum NAME=START on an option that changes the model's inputs or outputs is refused by
+    its own name, from a task built at START out of the options as given, so that an option derived from it
+    (bijection's L from V) is derived again: train.py's stages, grown from the built task, would keep L and be
+    refused for it. A malformed spec or a stage the task refuses: train.py's parse_curriculum says why."""
     spec = train["curriculum"]
     m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
     if m is None or m.group(1) not in {f.name for f in fields(TASKS[task])}:
@@ -373,11 +372,19 @@ def check_curriculum(task, task_opts, train):
     if [getattr(own, k, None) for k in IO_FIELDS] != [getattr(first, k, None) for k in IO_FIELDS]:
         raise ValueError(f"--curriculum {spec!r}: {m.group(1)} changes the model's inputs or outputs; grow an option "
                          f"that only changes the sequences")
-    T, end = train["max_iters"], train["curriculum_iters"]
-    if 0 < T < end and train["lr_decay_iters"] < end and os.environ.get("RANK", "0") == "0":  # T = 0: no training
-        print(f"train.py: note: --curriculum {spec} grows {m.group(1)} until step {end} (--curriculum_iters), "
-              f"past the run's {T} steps (--max_iters): the run ends before the task is its own size; lower "
-              f"--curriculum_iters, or set --lr_decay_iters to the steps you will --resume to", file=sys.stderr)
+
+
+def curriculum_note(train):
+    """The line train.py says as a run starts whose --curriculum is still growing when it ends (--curriculum_iters
+    past --max_iters): it never trains on the task's own size. None where it reaches it, where nothing trains
+    (--max_iters 0), and where --lr_decay_iters reaches the curriculum's end (a run to be resumed further)."""
+    m = re.fullmatch(r"(\w+)=(\d+)", train["curriculum"].replace(" ", ""))
+    T, end = train["max_iters"], train["curriculum_iters"] or train["max_iters"] // 2
+    if m is None or not 0 < T < end or (train["lr_decay_iters"] or T) >= end:
+        return None
+    return (f"train.py: note: --curriculum {train['curriculum']} grows {m.group(1)} until step {end} "
+            f"(--curriculum_iters), past the run's {T} steps (--max_iters): the run ends before the task is its own "
+            f"size; lower --curriculum_iters, or set --lr_decay_iters to the steps you will --resume to")
 
 
 def with_header_rows(task, task_opts, model_opts):
@@ -424,7 +431,8 @@ def resume_config(state, known, given, out_dir):
 
 
 def check_train(train):
-    """Settings that would crash deep inside torch, or train silently on nonsense (a negative rate), are refused."""
+    """Settings that would crash deep inside torch, or train silently on nonsense (a negative rate), are refused;
+    a curriculum that the run ends before is said (curriculum_note)."""
     rules = dict(lr=(lambda x: x > 0, "> 0"), min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"),
                  weight_decay=(lambda x: x >= 0, ">= 0"), beta1=(lambda x: 0 <= x < 1, "in [0, 1)"),
                  beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
@@ -447,6 +455,9 @@ def check_train(train):
         raise ValueError(f"--eval_seed_during must be -1 (--eval_seed + 1) or a seed other than --eval_seed "
                          f"({train['eval_seed']}) in [0, 2**63), got {train['eval_seed_during']}")
     check_device(train["device"])
+    note = curriculum_note(train)
+    if note and os.environ.get("RANK", "0") == "0":  # said once, by rank 0, after every setting here has passed
+        print(note, file=sys.stderr)
 
 
 def during_seed(train):

@@ -96,12 +96,13 @@ def test_bad_settings_are_one_line(capsys, argv, want):
 
 
 def test_a_curriculum_longer_than_the_run_is_said(capsys):
-    presets.build_config("regression", "transformer", "quick", dict(curriculum_iters=100, max_iters=4))
-    assert "grows d_active until step 100 (--curriculum_iters), past the run's 4 steps" in capsys.readouterr().err
-    # meant: a schedule that --resume continues; and the preset's own curriculum, within its run
-    presets.build_config("regression", "transformer", "quick", dict(curriculum_iters=100, max_iters=4,
-                                                                     lr_decay_iters=100))
-    presets.build_config("regression", "transformer", "quick", {})
+    cfg = presets.build_config("regression", "transformer", "quick", dict(curriculum_iters=100, max_iters=4))
+    presets.check_train(cfg["train"])  # train.py's, as the run starts
+    err = capsys.readouterr().err
+    assert "note: --curriculum d_active=2 grows d_active until step 100 (--curriculum_iters), past the run's 4" in err
+    # meant (a schedule --resume continues), nothing trained, and the preset's own: no note
+    for given in (dict(curriculum_iters=100, max_iters=4, lr_decay_iters=100), dict(max_iters=0), {}):
+        presets.check_train(presets.build_config("regression", "transformer", "quick", given)["train"])
     assert capsys.readouterr().err == ""
 
 
