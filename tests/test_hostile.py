@@ -386,11 +386,13 @@ def test_the_table_skips_a_foreign_results_json(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["memory", "--decay", "nan"], ["memory", "--decay", "2"],
-                                  ["scan", "--seed", str(2 ** 64)], ["memory", "--seed", "-1"]])
-@xfail("bench.py parse_kernel_args and bench_memory: --seed and --decay are not checked: each measurement's process "
-       "fails on its own ('Overflow when unpacking long long'; the hebbian rows fail with memory()'s message while the "
-       "others run, exit 0). Fix: in parse_kernel_args, p.error unless 0 <= --seed < 2**63; in bench_memory, p.error "
-       "unless 0 < --decay <= 1 ('--decay must be in (0, 1] (hebbian forgetting), got nan')")
+                                  ["scan", "--seed", str(2 ** 64)], ["memory", "--seed", "-1"],
+                                  ["memory", "--chunk_size", "16", "-3"]])
+@xfail("bench.py parse_kernel_args and bench_memory: --seed, --decay and --chunk_size are not checked: each "
+       "measurement's process fails on its own ('Overflow when unpacking long long'; the hebbian rows fail with "
+       "memory()'s message, or the chunk -3 rows, while the others run: exit 0). Fix: in parse_kernel_args, p.error "
+       "unless 0 <= --seed < 2**63; in bench_memory, p.error unless 0 < --decay <= 1 ('--decay must be in (0, 1] "
+       "(hebbian forgetting), got nan') and every --chunk_size >= 0 ('0 = per rule')")
 def test_bench_checks_seed_and_decay_before_measuring(monkeypatch, argv):
     def started(*a, **k):
         raise AssertionError("a measurement started")
