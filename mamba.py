@@ -516,15 +516,16 @@ def scan_chunks_backward(u, delta, A, B, C, D, z, delta_bias, softplus, gy_out, 
         gy, g_z_s, g_D_s = gate_backward(gy_out[s], y, u[s], D, None if z is None else z[s])
         # g_t = C_t gy_t + exp(Δ_{t+1} A) g_{t+1}; past the block's end, g (the carry) is already multiplied
         a_next = torch.exp(torch.cat([dt[1:], torch.zeros_like(dt[:1])])[..., None] * A)
-        G = linear_scan(a_next, gy[..., None] * C[s, :, None], g, reverse=True)
+        g_h = linear_scan(a_next, gy[..., None] * C[s, :, None], g, reverse=True)  # g_t = dL/dh_t (chunk, b, d, n)
         del a_next
         gC[s] = (gy[:, :, None] @ H).squeeze(-2)
-        g_du = (G @ B[s, ..., None]).squeeze(-1)  # dL/d(Δ_t u_t)
-        gB[s] = ((dt * u[s])[:, :, None] @ G).squeeze(-2)
-        g = dA[0] * G[0]  # the carry into the block before
-        G[1:].mul_(H[:-1])
-        G[0].mul_(starts[i])
-        g_dA = G.mul_(dA)  # dL/d(Δ_t A) = g_t h_{t-1} exp(Δ_t A)
+        g_du = (g_h @ B[s, ..., None]).squeeze(-1)  # dL/d(Δ_t u_t)
+        gB[s] = ((dt * u[s])[:, :, None] @ g_h).squeeze(-2)
+        g = dA[0] * g_h[0]  # the carry into the block before
+        g_a = g_h  # dL/da_t = g_t h_{t-1} with a_t = exp(Δ_t A), made in g_h's memory (g_h is not read again):
+        g_a[1:].mul_(H[:-1])  # h_{t-1} is the block's state one step back,
+        g_a[0].mul_(starts[i])  # and at its first step the state entering it
+        g_dA = g_a.mul_(dA)  # dL/d(Δ_t A) = dL/da_t a_t = g_t h_{t-1} exp(Δ_t A), in the same memory
         del H
         gu[s] = g_du * dt + (0 if D is None else gy * D)
         gdt = g_du * u[s] + (g_dA * A).sum(-1)

@@ -1,22 +1,20 @@
 """
-Settings: the training defaults (TRAIN), the presets per task and model, and the command line that
-layers them: defaults < preset < flags. train.py, reproduce.py and the other scripts read them here.
+Settings: the training defaults (TRAIN), the presets per task and model, and the command line that layers them
+(defaults < preset < flags; --model: a name in MODELS or a class from any file, resolve_model), for every script.
 
-Presets: `quick` (the default, minutes on a 2-core CPU), `paper` (the paper's sizes and schedules,
-for a GPU) and `cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum).
-Each entry holds `train` (training-loop settings), `task` (task options) and one dict per
-model (model options, and under `train` that model's own training settings, e.g. its optimizer). The
-paper sizes follow the paper (arXiv 2512.22471) and the authors' released code; the quick sizes were
-chosen by measurement on a 2-core CPU (results/table.md has what they reach). `mlp_pos` holds the
-options of the MLP's other reading (`--model mlp --per_position`), a row of its own in reproduce.py.
-
-`match_width` sizes a model to a parameter budget (train.py --match_params), for capacity-matched
-comparisons.
+Presets: `quick` (the default, sized for a 2-core CPU), `paper` (the paper's sizes and schedules, for a GPU) and
+`cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum). Each entry holds `train`
+(training-loop settings), `task` (task options) and one dict per model (its options, and under `train` its own
+training settings, e.g. its optimizer). The paper sizes follow the paper (arXiv 2512.22471) and the authors'
+released code; the quick sizes were chosen by measurement on a 2-core CPU (results/table.md: what they reach, how
+long each takes). `mlp_pos` holds the options of the MLP's other reading (`--model mlp --per_position`), a row of
+its own in reproduce.py. `match_width` matches a model's capacity to a parameter budget (train.py --match_params).
 """
 import argparse
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 import difflib
 import functools
+import importlib.util
 import inspect
 import math
 import os
@@ -100,23 +98,23 @@ RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "l
 
 
 PRESETS = {
-    "quick": {  # minutes on a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%
+    "quick": {  # sized for a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%
         "bijection": dict(train=dict(max_iters=6000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000),
-                          # Muon: 0.0115 bits per token against AdamW's 0.0138, ahead at every evaluation; at half
-                          # the batch and twice the rate the mean curve crosses 0.01 by step 5,250 (seeds 1337, 1339)
-                          # where batch 64 at 2e-3 ended at 0.0114, a step at 0.6 of its cost (time_to_target.md)
+                          # the transformer: Muon, ahead of AdamW at every evaluation; at half the batch and twice
+                          # the rate it reaches the paper's level within its schedule, which batch 64 at 2e-3 did
+                          # not, and at a cheaper step (results/time_to_target.md)
                           transformer=dict(n_layer=3, n_head=4, d_model=128,
                                            train=dict(optimizer="muon", batch_size=32, lr=4e-3)),
                           mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=192),
                           mlp=dict(n_layer=6, d_model=197), mlp_pos=dict(n_layer=6, d_model=220, per_position=True)),
-        # hmm transformer: Muon leaves the uninformed plateau within ~300 steps; learned rows for the header
+        # hmm transformer: Muon leaves the uninformed plateau that AdamW sits on; learned rows for the header
         # tokens (which cell of T or E each one is: 53 of them at 5 x 5, HEADER_ROWS follows --n_states and
         # --n_obs) and one shared row for every observation position, with
         # ALiBi giving the order of the observations, so K = 30 and 50 meet no untrained position; a window of
         # 16 tokens (8 observations, past which the filter has forgotten) besides the header, so that the
         # header's share of attention does not dilute as K grows past the trained 20.
-        # hmm Mamba: the same header rows, and the authors' LayerNorm on y; with both it tracks the filter to
-        # 0.015 bits per token, with neither 0.125 (results/mamba.md)
+        # hmm Mamba: the same header rows (the official block has no position input with which to tell the header's
+        # cells apart), and the authors' LayerNorm on y, which helps most once the rows are there (results/mamba.md)
         "hmm": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_K=[30, 50]),
                     transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=HEADER_ROWS, window=16,
                                      train=dict(optimizer="muon")),
@@ -124,9 +122,9 @@ PRESETS = {
                     lstm=dict(n_layer=2, d_model=166, pos="none"),
                     mlp=dict(n_layer=6, d_model=113), mlp_pos=dict(n_layer=6, d_model=185, per_position=True)),
         # regression: the inputs vary in 2 of the 8 dimensions at first, all 8 from step 1,000 (Garg et al. grow
-        # the dimension too): the transformer reaches 0.056 bits per token in 4,000 steps where it reached 0.174
-        # without. It trains 7,000 steps, with 6 layers at its parameter count: 0.045-0.049 in under 15 minutes
-        # on 2 CPU threads (8,000 steps: 0.040-0.045, in 16; results/regression.md)
+        # the dimension too), without which the transformer stays far from the posterior. It trains 7,000 steps,
+        # which fit 15 minutes alone on 2 CPU threads, with 6 layers at its parameter count, where depth helped
+        # (results/regression.md)
         "regression": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000,
                                       curriculum="d_active=2", curriculum_iters=1000),
                            transformer=dict(n_layer=6, n_head=4, d_model=104,
@@ -141,13 +139,13 @@ PRESETS = {
                        train=dict(max_iters=1500, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=250),
                        # the transformer stops once a check during training (every 50 steps, 500 sequences of
                        # their own) reaches 99.9%. Its short schedule (lr 6e-3 with a 50-step warm-up, decayed
-                       # over 300 steps) stops at step 200-250 (seeds 1, 1337-1339), where lr 2e-3 over 1,500
-                       # steps stopped at 450 (results/time_to_target.md)
+                       # over 300 steps) gets there in fewer steps than lr 2e-3 over 1,500 did
+                       # (results/time_to_target.md)
                        transformer=dict(n_layer=2, n_head=16, d_model=128, pos="alibi",
                                         train=dict(optimizer="muon", stop_at="accuracy>=0.999", eval_interval=50,
                                                    lr=6e-3, warmup_iters=50, max_iters=300)),
-                       # Mamba binds with 32 state dimensions per channel and Muon: 100% by step 1,000; with
-                       # 16 it sat near 21% (results/mamba.md)
+                       # Mamba binds with 32 state dimensions per channel and Muon; with 16 it stays near the
+                       # "one of the stored values" plateau (results/mamba.md)
                        mamba=dict(n_layer=2, d_model=128, d_state=32, train=dict(optimizer="muon")),
                        lstm=dict(n_layer=2, d_model=154),
                        mlp=dict(n_layer=4, d_model=156), mlp_pos=dict(n_layer=4, d_model=215, per_position=True)),
@@ -182,15 +180,15 @@ PRESETS = {
 
 # the quick preset with the paper's recall task (64 pairs from 256 keys and 256 values, 32 filler, 3 queries). The
 # store grows from 8 pairs to 64 over 2,000 steps (short sequences first, so early steps are cheap); the quick
-# transformer left the uniform level (loss ln 256) near step 650 and kept binding as the store grew
-# (results/recall_paper.md). The run stops once a held-out evaluation reaches 99%.
+# transformer leaves the uniform level (loss ln 256) partway and keeps binding as the store grows. The run stops
+# once a held-out evaluation reaches 99%.
 # Mamba starts as linear attention (mimetic), trains on every stored key, and holds the store at 8 pairs for 750
-# steps: bound to every key there, it kept them as the store grew; grown from the start, it bound about half of the
-# 256 keys and stalled at 55%. Whether a run binds in the hold the seed decides, and even the floating-point
-# rounding; lr 4e-3 binds more of them than 2e-3 (three of four seeds, against 8 of 12 runs). Mamba stops at step
-# 2,000, where the store has reached 64 pairs, on the first half of a 4,000-step decay: 94-97% there where it bound
-# in the hold; a seed that did not binds late, at the full store. A full-store step costs 2-4 s on 2 CPU threads,
-# so the rest of the decay is hours more (`--resume --max_iters 4000` runs it on).
+# steps: bound to every key there, it keeps them as the store grows; grown from the start, it bound about half of
+# the 256 keys and stalled. Whether a run binds in the hold the seed decides, and even the floating-point rounding;
+# lr 4e-3 binds more of them than 2e-3. Mamba stops at step 2,000, where the store has just reached 64 pairs, on
+# the first half of a 4,000-step decay, so that the command ends with its own final evaluation; a seed that did not
+# bind in the hold binds late, at the full store. The full store's steps are the dearest, so the rest of the decay
+# is hours more on a CPU (`--resume --max_iters 4000` runs it on). Each run: results/recall_paper.md.
 PRESETS["cpu_paper_task"] = dict(PRESETS["quick"], recall=dict(
     PRESETS["quick"]["recall"], task=dict(n_pairs=64, n_queries=3, key_vocab=256, value_vocab=256, filler=32),
     train=dict(PRESETS["quick"]["recall"]["train"], max_iters=4000, curriculum="n_pairs=8", curriculum_iters=2000,
@@ -214,6 +212,48 @@ TINY = {
 
 # -----------------------------------------------------------------------------
 # command line
+
+
+def resolve_model(spec):
+    """(Config, Model) of --model, its config the @dataclass <Class>Config in its file; a bad spec: a one-line error."""
+    if spec in MODELS:
+        return MODELS[spec]
+    where, _, name = spec.rpartition(":")
+    if not (where and name.isidentifier()):
+        raise ValueError(f"{spec}: not a model; give one of {', '.join(MODELS)}, PATH.py:Class or module:Class")
+    try:
+        module = load_module(os.path.abspath(where) if where.endswith(".py") else where)
+    except (FileNotFoundError, ModuleNotFoundError) as e:  # the file or module, or a module that the file imports
+        what = f"file {e.filename}" if isinstance(e, OSError) else f"module named {e.name}"
+        raise ValueError(f"{spec}: no {what}") from None
+    Model, Config = getattr(module, name, None), getattr(module, name + "Config", None)
+    for ok, what in ((isinstance(Model, type), f"{where} has no class {name}"),
+                     (isinstance(Model, type) and issubclass(Model, torch.nn.Module), f"{name} is not an nn.Module"),
+                     (callable(getattr(Model, "num_params", None)), f"{name} has no num_params() method"),
+                     (is_dataclass(Config), f"no config: add a @dataclass named {name}Config to {where}")):
+        if not ok:
+            raise ValueError(f"{spec}: {what}")
+    return Config, Model
+
+
+@functools.cache  # a model file (where: its absolute path) is loaded once: every caller gets the same classes
+def load_module(where):
+    if not where.endswith(".py"):
+        return importlib.import_module(where)
+    name = "model_file_" + re.sub(r"\W", "_", where)  # a name of its own: a file called tasks.py shadows nothing
+    module = sys.modules[name] = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, where))
+    module.__spec__.loader.exec_module(module)  # registered first: dataclasses and inspect look for it there
+    return module
+
+
+def model_spec(spec):
+    """--model as a run records it, checked: a file's path made absolute, so that --resume finds it from anywhere."""
+    where, _, name = spec.rpartition(":")
+    return resolve_model(spec) and (f"{os.path.abspath(where)}:{name}" if where.endswith(".py") else spec)
+
+
+def model_name(spec):  # in folders (out/<task>_<name>, reproduce.py's cells) and tables: a file's model by its class
+    return spec.rpartition(":")[2]
 
 
 class Parser(argparse.ArgumentParser):
@@ -267,7 +307,7 @@ def field_help(cls):
 
 def add_flag(group, name, default, help, ftype=None):
     """--name; its help ends with the value a run takes without the flag (here, for this task, model and preset)."""
-    ftype, shown = ftype or type(default), "none" if default in ("", []) else default
+    ftype, shown = (ftype if callable(ftype) else None) or type(default), "none" if default in ("", []) else default
     help = f"{help} (default {shown})"
     if ftype is bool:
         group.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=None, help=help)
@@ -282,9 +322,13 @@ def parse_args(argv, doc=""):
     first paragraph --help shows; each flag's help ends with its value for the chosen task, model and preset."""
     pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
     pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
-    pre.add_argument("--model", choices=list(MODELS), help="(default transformer)")
+    pre.add_argument("--model", help=f"{' | '.join(MODELS)} | PATH.py:Class | module:Class (default transformer)")
     pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
     known, _ = pre.parse_known_args(argv)
+    try:
+        known.model = known.model and model_spec(known.model)
+    except ValueError as e:
+        pre.error(f"--model {e}")
     known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
     for k, v in dict(task="recall", model="transformer", preset="quick").items():
         setattr(known, k, getattr(known, k) or v)
@@ -298,7 +342,7 @@ def parse_args(argv, doc=""):
                     owners.setdefault(f"--{f.name}", []).append(f"--{kind} {name}")
     p.elsewhere = {k: ", ".join(v) for k, v in owners.items()}
     train, task_opts, model_opts = layered(known.task, known.model, known.preset)
-    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{known.task}_{known.model}")
+    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{known.task}_{model_name(known.model)}")
     task_opts, longest = task_values(known.task, task_opts, train)
     model_opts = with_header_rows(known.task, task_opts, model_opts)
     if longest and "block_size" not in model_opts:  # train.py's build() gives it the longest sequence
@@ -307,7 +351,7 @@ def parse_args(argv, doc=""):
     for name, (_, help) in TRAIN.items():
         add_flag(g, name, train[name], help)
     for title, cls, opts in ((f"task {known.task}", TASKS[known.task], task_opts),
-                             (f"model {known.model}", MODELS[known.model][0], model_opts)):
+                             (f"model {known.model}", resolve_model(known.model)[0], model_opts)):
         g, helps = p.add_argument_group(title), field_help(cls)
         for f in fields(cls):
             if f.name not in IO_FIELDS:
@@ -345,11 +389,11 @@ def build_config(task, model, preset, given):
     """defaults < preset < flags, split into train / task / model dicts."""
     train, task_opts, model_opts = layered(task, model, preset)
     task_names = {f.name for f in fields(TASKS[task])}
-    model_names = {f.name for f in fields(MODELS[model][0])}
+    model_names = {f.name for f in fields(resolve_model(model)[0])}
     for k, v in given.items():
         (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
     model_opts = with_header_rows(task, task_opts, model_opts)
-    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model}")
+    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model_name(model)}")
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
     check_curriculum(task, task_opts, train)
@@ -460,6 +504,24 @@ def check_train(train):
         print(note, file=sys.stderr)
 
 
+def parse_stop(spec, task):
+    """--stop_at: 'metric<=x' or 'metric>=x' -> a test of an evaluation's metrics; '' -> None."""
+    if not spec:
+        return None
+    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
+    try:
+        x = float(m.group(3)) if m else None
+    except ValueError:
+        x = None
+    if x is None:
+        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
+                         "mae_curve, mae_token, kl, accuracy")
+    name, op = m.group(1), m.group(2)
+    if name == "accuracy" and task.gaussian:
+        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
+    return lambda r: name in r and (r[name] <= x if op == "<=" else r[name] >= x)
+
+
 def during_seed(train):
     """The seed of the evaluations during training (--eval_seed_during; -1: --eval_seed + 1)."""
     return train["eval_seed"] + 1 if train["eval_seed_during"] == -1 else train["eval_seed_during"]
@@ -471,7 +533,19 @@ def check_device(name):
 
 
 # -----------------------------------------------------------------------------
-# capacity matching
+# a model's config: the task's I/O fields, its context, its width matched to a parameter count
+
+
+def fill_io(spec, task, opts, longest=None):
+    """opts with the task's I/O fields that the config has (block_size=longest under opts), or why it cannot."""
+    names = {f.name for f in fields(resolve_model(spec)[0])}
+    takes = ("vocab_size", "token inputs") if task.vocab_size else ("n_features", "real-valued inputs")
+    gives = ("gaussian", "Gaussian prediction") if task.gaussian else ("n_classes", f"{task.n_classes} answer classes")
+    for verb, (field, what) in (("take", takes), ("give", gives)):
+        if field not in names:
+            raise ValueError(f"{spec} cannot {verb} {task.name}'s {what}: its config has no {field} field")
+    io = {k: getattr(task, k) for k in IO_FIELDS if k in names}
+    return ({"block_size": longest} if longest and "block_size" in names else {}) | opts | io
 
 
 def fit_block_size(Config, Model, mc, longest):
@@ -490,11 +564,6 @@ def meta_model(Config, Model, mc):
         return Model(Config(**mc))
 
 
-def model_options(entry):
-    """A model's preset entry without its own training settings (`train`)."""
-    return {k: v for k, v in entry.items() if k != "train"}
-
-
 def count_params(Config, Model, mc):
     return meta_model(Config, Model, mc).num_params()
 
@@ -504,7 +573,7 @@ def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
     land within tol of. The count grows with the width: bisect."""
     target = cfg["train"]["match_params"]
     if target == -1:  # the transformer of this task and preset
-        opts = model_options(PRESETS[cfg["preset"]].get(cfg["task"], {}).get("transformer", {}))
+        opts = layered(cfg["task"], "transformer", cfg["preset"])[2]
         target = count_params(TransformerConfig, Transformer,
                               task_io | with_header_rows(cfg["task"], cfg["task_opts"], opts))
     if target < 1:

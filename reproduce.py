@@ -17,9 +17,8 @@ their sizes come from the presets (cell_argv); the MLP has two rows (row_models)
 
 Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) and a figure per task
 (write_table). Only `--results results` writes the committed results/, so a partial sweep never
-replaces that table.
+replaces that table. `time_to_target` is time_to_target.py's program, dispatched from here (main).
 """
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
 import json
 import os
@@ -27,14 +26,14 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 
 import torch
 
-import bench
+import checkpoints
 import presets
 import runtime
 from tasks import make_task
+from time_to_target import time_to_target
 import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,10 +73,23 @@ def cell_argv(task, model, preset, out_dir, extra):
         opts = presets.PRESETS["quick" if preset == "tiny" else preset][task][model]
     argv = ["--task", task, "--model", base, "--preset", "quick" if preset == "tiny" else preset]
     if preset == "tiny":  # the quick cell, shrunk (presets.py)
-        tiny, names = presets.TINY[task], {f.name for f in fields(presets.MODELS[base][0])}
+        tiny, names = presets.TINY[task], {f.name for f in fields(presets.resolve_model(base)[0])}
         opts = opts | {k: v for k, v in tiny["model"].items() if k in names}
         argv += flags(tiny["train"] | tiny["task"])
     return argv + flags(opts) + ["--out_dir", out_dir] + extra
+
+
+def refusal(task, model):
+    """Why a row's model cannot take the task's inputs or give its outputs (presets.fill_io's line), or None: such a
+    cell is n/a, and is not run. Their kind (tokens or reals, classes or a Gaussian) is the same at any options."""
+    try:
+        presets.fill_io(VARIANTS.get(model, model), make_task(task), {})
+    except ValueError as e:
+        return str(e)
+
+
+def cell_dir(out_root, task, model):
+    return os.path.join(out_root, f"{task}_{presets.model_name(model)}")
 
 
 def flags(opts):
@@ -91,18 +103,6 @@ def load_results(out_dir):
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def run_in_process(argv, log):
-    """One cell in this process, its output to log; returns the exit code."""
-    with open(log, "a", buffering=1) as f, redirect_stdout(f), redirect_stderr(f):
-        try:
-            return train.main(argv)
-        except SystemExit as e:
-            return e.code
-        except Exception:  # a crashed cell must not stop the sweep
-            traceback.print_exc()
-            return 1
 
 
 def note_command(log, argv):
@@ -121,7 +121,7 @@ def claim(label, log):
     """The lock of the cell's folder, taken before its log is written to (train.py, started by this process, takes
     it over), or None, said in one line, where another run holds the folder: that run's log is left alone."""
     try:
-        return runtime.lock_out_dir(os.path.dirname(log))
+        return checkpoints.lock_out_dir(os.path.dirname(log))
     except ValueError as e:
         print(f"{label[0]} x {label[1]}: not run: {e}", flush=True)
         return None
@@ -143,9 +143,9 @@ def run_cells(todo, jobs, n_gpus):
             note_command(log, argv)
             t0 = time.time()
             try:
-                rc = run_in_process(argv, log)
+                rc = runtime.run_in_process(train.main, argv, log)  # a crash is a failed cell
             finally:
-                runtime.unlock_out_dir(lock)  # train.py's by now, and released: nothing left to do
+                checkpoints.unlock_out_dir(lock)  # train.py's by now, and released: nothing left to do
             yield label, rc, time.time() - t0
         return
     queue, running, gpus = list(todo), {}, visible_gpus(n_gpus)  # slot -> (label, process, log file, start)
@@ -174,13 +174,13 @@ def run_cells(todo, jobs, n_gpus):
                 if p.poll() is not None:
                     f.close()
                     del running[slot]
-                    runtime.unlock_out_dir(locks.pop(slot))  # still this process's if train.py never took it
+                    checkpoints.unlock_out_dir(locks.pop(slot))  # still this process's if train.py never took it
                     yield label, p.returncode, time.time() - t0
     finally:  # interrupted (or the caller stopped): the cells still training stop too, and are waited for
         stop(running.values())
         for lock in locks.values():
             if lock:
-                runtime.unlock_out_dir(lock)
+                checkpoints.unlock_out_dir(lock)
 
 
 def stop(running, grace=60):
@@ -225,7 +225,7 @@ def figure(task, rows, path):
     ax.set(xlabel="query position", ylabel="mean entropy (bits)", title=f"{task}: model vs exact posterior entropy")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    runtime.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    checkpoints.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return True
 
@@ -238,11 +238,11 @@ def steps(r):
     return f"{r['iters']} (stopped at {train['stop_at']})" if stopped else str(r["iters"])
 
 
-def write_table(preset, tasks, models, out_root, results_dir, status):
+def write_table(preset, tasks, models, out_root, results_dir, status, notes=()):
     """results_dir/table.md from every cell's results.json; returns its path. Per task, each model's entropy MAE
     in both conventions, KL, accuracy, parameters and training time beside the paper's numbers, and a figure of
     per-position model entropy against the oracle's for every model (entropy_<task>.png; needs matplotlib,
-    without it the table still comes out)."""
+    without it the table still comes out). notes: lines for the Notes, e.g. why a cell is n/a."""
     lines = [f"# Wind tunnels: architecture comparison, preset `{preset}`", "",
              "Entropy MAE in bits: *mean-curve* averages model and oracle entropy over sequences at each position "
              "first (the paper's convention), *per token* is the mean of |H_model − H_oracle| over every scored "
@@ -260,14 +260,15 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
                   "| other lengths, MAE per token | steps | time | device |", "|---" * 11 + "|"]
         rows = []
         for model in models:
-            r, paper = load_results(os.path.join(out_root, f"{task}_{model}")), PAPER.get(task, {}).get(model, "—")
+            r, paper = load_results(cell_dir(out_root, task, model)), PAPER.get(task, {}).get(model, "—")
+            name = presets.model_name(model)  # a model from a file: its class
             if r is None:
-                lines.append(f"| {model} | {status.get((task, model), 'not run')} |" + " |" * 9)
+                lines.append(f"| {name} | {status.get((task, model), 'not run')} |" + " |" * 9)
                 continue
-            rows.append((model, r))
+            rows.append((name, r))
             m = r["metrics"]["default"]
             other = ", ".join(f"{k}: {fmt(v['mae_token'])}" for k, v in r["metrics"].items() if k != "default")
-            lines.append(f"| {model} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
+            lines.append(f"| {name} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
                          f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {steps(r)} "
                          f"| {runtime.fmt_time(r['wall_time_s'])} | {r['device']} |")
         slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
@@ -280,152 +281,13 @@ def write_table(preset, tasks, models, out_root, results_dir, status):
         if rows and figure(task, rows, os.path.join(results_dir, f"entropy_{task}.png")):
             lines += ["", f"![{task}: per-position entropy](entropy_{task}.png)"]
         lines.append("")
-    lines += ["## Notes", "", PAPER_NOTES, ""]
+    lines += ["## Notes", "", PAPER_NOTES, ""] + ([*notes, ""] if notes else [])
     path = os.path.join(results_dir, "table.md")
-    runtime.write_text(path, "\n".join(lines))
+    checkpoints.write_text(path, "\n".join(lines))
     return path
 
 # -----------------------------------------------------------------------------
-# time_to_target: how long the default transformer takes to reach the paper's level
-
-TARGETS = {"bijection": "mae_curve<=0.01", "hmm": "mae_token<=0.025", "recall": "accuracy>=0.99",
-           "regression": "mae_token<=0.05"}
-# the other convention at the same bar, reported beside the target: the mean curve's error is never above the
-# per-token one (over- and under-confident sequences cancel in it), so bijection's per-token crossing may come
-# after the stop, hmm's and regression's mean-curve crossings at or before it
-ALSO = {"bijection": "mae_token<=0.01", "hmm": "mae_curve<=0.025", "regression": "mae_curve<=0.05"}
-FAST = {  # train.py flags on top of the quick preset; results/time_to_target.md has the runs that chose them
-    "bijection": [],
-    "hmm": ["--batch_size", "32", "--max_iters", "3000"],  # fewer sequences to the target, at half the step
-    "recall": [],
-    "regression": [],
-}
-
-
-def metric(spec):
-    return spec.split("<")[0].split(">")[0]  # "mae_curve<=0.01" -> "mae_curve"
-
-
-def first_reached(history, spec, task_name):
-    """(the first history entry that meets spec or None, the best entry)."""
-    stop, name = train.parse_stop(spec, make_task(task_name)), metric(spec)
-    best = (max if ">=" in spec else min)(history, key=lambda h: h[name]) if history else None
-    return next((h for h in history if stop(h)), None), best
-
-
-def target_row(task, r, out_dir, flags):
-    """One task's row from its run's results.json (r): the step, training sequences (steps x batch size, which
-    do not depend on the machine) and wall time of the first evaluation that met the target. KeyError,
-    TypeError or ValueError: r is not a train.py run with evaluations during training."""
-    if not r["history"]:
-        raise ValueError("no evaluations during training (empty history)")
-    hit, best = first_reached(r["history"], TARGETS[task], task)
-    also = ALSO.get(task) if metric(ALSO.get(task, "")) in r["history"][0] else None  # None: not in this history
-    also_hit = first_reached(r["history"], also, task)[0] if also else None
-    batch = r["config"]["train"].get("batch_size")  # None: a results.json that does not say
-    return dict(task=task, target=TARGETS[task], reached=hit is not None, steps=(hit or {}).get("iter"),
-                also=also, also_steps=(also_hit or {}).get("iter"), also_time_s=(also_hit or {}).get("time"),
-                sequences=hit["iter"] * batch if hit and batch else None, time_s=(hit or {}).get("time"),
-                value=float((hit or best)[metric(TARGETS[task])]), batch_size=batch, run_steps=r["iters"],
-                run_time_s=r["wall_time_s"], eval_interval=r["config"]["train"]["eval_interval"], device=r["device"],
-                out_dir=out_dir, flags=flags)
-
-
-def time_to_target(argv):
-    """Time to target: the steps, training sequences and wall time the default transformer takes to reach the
-    paper-level metric on each wind tunnel.
-
-    Targets, the paper's level: bijection mean-curve entropy MAE <= 0.01 bits, hmm per-token MAE <= 0.025 bits
-    at K = 20, recall accuracy >= 99%, regression per-token MAE <= 0.05 bits (not in the paper). The other
-    convention's first crossing of the same bar (ALSO: per token for bijection, the mean curve for the others) is
-    reported beside it.
-    Each task runs `train.py --task T --model transformer` with its preset, evaluating on
-    --eval_samples_during held-out sequences every --eval_interval steps, and stops at the first
-    evaluation that meets the target (train.py --stop_at); anything after `--` goes to train.py
-    (`-- --device cuda --compile`). The quick preset's schedules are sized for its final numbers
-    (results/table.md); the fast recipe (FAST) keeps its model and changes only the schedule, so that
-    the run is quick to the target rather than best at the end (hmm: half the batch over 3,000 steps);
-    `--recipe preset` runs the preset's own schedule.
-
-    Reported: the training steps and sequences (steps x batch size: the same on any machine) and the run's
-    wall time (evaluations included) at that evaluation, with the CPU it was measured on (bench.machine);
-    a run whose schedule ends first is "not reached", with its best value. With --from_runs the
-    histories of finished runs are read instead, at whatever evaluation interval they used (their wall times
-    are their own machines'). Writes time_to_target_<fast, preset or from_runs>.md and .json to
-    out/time_to_target (--results results: the committed ones). A run folder that already holds a run is not
-    replaced: `-- --overwrite` replaces it.
-    """
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = presets.Parser(prog="reproduce.py time_to_target", description=time_to_target.__doc__.split("\n\n")[0].strip(),
-                       allow_abbrev=False)
-    p.add_argument("--tasks", default=",".join(TARGETS), help=f"comma-separated (default {','.join(TARGETS)})")
-    p.add_argument("--preset", default="quick", choices=list(presets.PRESETS),
-                   help="model sizes and schedules (default quick)")
-    p.add_argument("--recipe", default="fast", choices=("fast", "preset"),
-                   help="fast: the preset with the FAST schedule changes | preset: the preset as it is (default fast)")
-    p.add_argument("--eval_interval", type=int, default=100, help="steps between held-out checks (default 100)")
-    p.add_argument("--from_runs", default="", help="read DIR/<task>_transformer/results.json instead of training")
-    p.add_argument("--out", default=os.path.join("out", "time_to_target"),
-                   help="runs go to OUT/<preset>_<recipe>/<task>")
-    p.add_argument("--results", default=os.path.join("out", "time_to_target"),
-                   help="where time_to_target_<recipe>.md and .json go (`--results results`: the committed ones)")
-    args = p.parse_args(argv)
-    tasks = args.tasks.split(",")
-    bad = [t for t in tasks if t not in TARGETS]
-    if bad:
-        p.error(f"unknown task {bad[0]!r}; valid tasks: {', '.join(TARGETS)}")
-    if args.recipe == "fast" and args.preset != "quick" and not args.from_runs:
-        p.error(f"the fast recipe changes the quick preset; with --preset {args.preset} use --recipe preset")
-    if args.eval_interval < 1:
-        p.error(f"--eval_interval must be >= 1, got {args.eval_interval}")
-    try:  # before the work, not after it
-        runtime.check_out_dir(args.results, "--results")
-    except ValueError as e:
-        p.error(str(e))
-    cpu = None if args.from_runs else bench.machine(torch.get_num_threads())  # what the wall times below ran on
-    rows = []
-    for t in tasks:
-        if args.from_runs:
-            out_dir = os.path.join(args.from_runs, f"{t}_transformer")
-            if not os.path.exists(os.path.join(out_dir, "results.json")):
-                p.error(f"no finished run at {out_dir} (results.json missing)")
-        else:
-            out_dir = os.path.join(args.out, f"{args.preset}_{args.recipe}", t)
-            cmd = ["--task", t, "--model", "transformer", "--preset", args.preset, "--stop_at", TARGETS[t],
-                   "--eval_interval", str(args.eval_interval), "--out_dir", out_dir]
-            cmd += (FAST[t] if args.recipe == "fast" else []) + extra
-            print(f"{t}: train.py {' '.join(cmd)}", flush=True)
-            rc = train.main(cmd)
-            if rc != 0:
-                print(f"{t}: train.py failed (exit {rc})")
-                continue
-        try:
-            with open(os.path.join(out_dir, "results.json")) as f:
-                rows.append(target_row(t, json.load(f), out_dir,
-                                       " ".join(FAST[t]) if args.recipe == "fast" and not args.from_runs else ""))
-        except (KeyError, TypeError, ValueError) as e:  # a corrupt or foreign file, a run without evaluations
-            p.error(f"{os.path.join(out_dir, 'results.json')}: not a train.py run to read a time to target from "
-                    f"({type(e).__name__}: {e})")
-    lines = ["| task | target | flags on the preset | reached at step | training sequences | wall time "
-             "| value there (best if not reached) | the same bar, other convention | run | eval every |",
-             "|---" * 10 + "|"]
-    for w in rows:
-        seqs = f"{w['sequences']:,} ({w['batch_size']} a step)" if w["sequences"] else "—"
-        at = f"{w['steps']} | {seqs} | {runtime.fmt_time(w['time_s'])}" if w["reached"] else "not reached | — | —"
-        also = (f"{w['also']}: step {w['also_steps']}, {runtime.fmt_time(w['also_time_s'])}" if w["also_steps"]
-                else f"{w['also']}: not by step {w['run_steps']}" if w["also"] else "—")
-        lines.append(f"| {w['task']} | {w['target']} | {w['flags'] or '—'} | {at} | {w['value']:.4f} | {also} "
-                     f"| {w['run_steps']} steps, {runtime.fmt_time(w['run_time_s'])}, {w['device']} "
-                     f"| {w['eval_interval']} |")
-    lines += ["", f"Wall times on: {bench.describe(cpu)}" if cpu else "Wall times: each run's own machine."]
-    print("\n".join(lines))
-    name = "time_to_target_" + ("from_runs" if args.from_runs else args.recipe)
-    runtime.write_text(os.path.join(args.results, name + ".md"), "\n".join(lines) + "\n")
-    runtime.write_json(os.path.join(args.results, name + ".json"), [w | dict(machine=cpu) for w in rows])
-    return 0
-
-# -----------------------------------------------------------------------------
+# the command line
 
 
 def parse_args(argv):
@@ -438,7 +300,8 @@ def parse_args(argv):
     p.add_argument("--tasks", default=None, help=f"comma-separated tasks (default {','.join(TASK_ORDER)})")
     p.add_argument("--models", default=None, help="comma-separated models (default: those of "
                                                   f"{', '.join(MODEL_ORDER)} that train.py has; "
-                                                  "mlp_pos is the mlp with --per_position)")
+                                                  "mlp_pos is the mlp with --per_position), or a model from a "
+                                                  "file, PATH.py:Class, or a module, module:Class")
     p.add_argument("--out", default=os.path.join("out", "reproduce"), help="cells go to OUT/<preset>/<task>_<model>")
     p.add_argument("--results", default=None, help="where table.md and the figures go (default OUT/<preset>; "
                                                    "`--results results` updates the committed table)")
@@ -452,9 +315,14 @@ def parse_args(argv):
     args.tasks = args.tasks or ",".join(t for t in TASK_ORDER if t in valid_tasks)
     args.models = args.models or ",".join(m for m in MODEL_ORDER if m in row_models())
     for kind, given, valid in (("task", args.tasks, valid_tasks), ("model", args.models, row_models())):
-        bad = [x for x in given.split(",") if x not in valid]
+        bad = [x for x in given.split(",") if x not in valid and (kind == "task" or ":" not in x)]
         if bad:
-            p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
+            p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}"
+                    + (", or PATH.py:Class or module:Class" if kind == "model" else ""))
+    try:  # a model from a file: found now, its path made absolute (presets.model_spec)
+        args.models = ",".join(presets.model_spec(m) if ":" in m else m for m in args.models.split(","))
+    except ValueError as e:
+        p.error(f"--models {e}")
     if args.jobs < 0:
         p.error(f"--jobs must be >= 0, got {args.jobs}")
     per_cell = ("--task", "--model", "--preset", "--out_dir", "--resume", "--eval_only")
@@ -473,7 +341,7 @@ def main(argv=None):
     args, extra = parse_args(argv)
     try:
         return sweep(args, extra)
-    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (runtime.write_file)
+    except OSError as e:  # a full or read-only disk: every file is written whole or not at all (checkpoints.write_file)
         print(f"reproduce.py: error: {f'{e.filename}: {e.strerror}' if e.filename else e}; finished cells and the "
               f"files written before are kept", file=sys.stderr)
         return 1
@@ -486,31 +354,38 @@ def sweep(args, extra):
     n_gpus = torch.cuda.device_count() if args.preset != "tiny" else 0
     jobs = args.jobs or max(n_gpus, 1)
     todo, status = [], {}
+    notes = []  # why each n/a cell is
     for task, model in cells:
-        out_dir = os.path.join(out_root, f"{task}_{model}")
+        out_dir = cell_dir(out_root, task, model)
         argv = cell_argv(task, model, args.preset, out_dir, extra)
         presets.parse_args(argv)  # a bad flag in `extra` stops here, before anything runs (one-line error, exit 2)
-        if load_results(out_dir) is not None:
+        why = refusal(task, model)
+        if why:  # e.g. a model with token inputs only, on regression
+            status[(task, model)] = "n/a"
+            notes.append(f"{task} x {presets.model_name(model)}: n/a, {why}.")
+        elif load_results(out_dir) is not None:
             status[(task, model)] = "finished before"
         elif not args.table_only:
             resume = ["--resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
             todo.append(((task, model), argv + resume, os.path.join(out_dir, "train.log")))
     try:  # before any cell runs
         for flag, path in (("--out", out_root), ("--results", args.results)):
-            runtime.check_out_dir(path, flag)
+            checkpoints.check_out_dir(path, flag)
     except ValueError as e:
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         return 2
-    n_done = len(cells) - len(todo)
+    n_done = len(cells) - len(todo) - len(notes)
     if not args.table_only:
         print(f"{len(cells)} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run, "
-              f"{jobs} at a time{f' on {n_gpus} GPUs' if n_gpus else ''}")
+              f"{f'{len(notes)} n/a, ' if notes else ''}{jobs} at a time{f' on {n_gpus} GPUs' if n_gpus else ''}")
+    for note in notes:
+        print(note)
     for _, _, log in todo:
         os.makedirs(os.path.dirname(log), exist_ok=True)
     cells_run = run_cells(todo, jobs, n_gpus)
     try:
         for i, ((task, model), rc, secs) in enumerate(cells_run, 1):
-            out_dir = os.path.join(out_root, f"{task}_{model}")
+            out_dir = cell_dir(out_root, task, model)
             r = load_results(out_dir)
             if rc == 0 and r is not None:
                 status[(task, model)] = "finished"
@@ -525,7 +400,7 @@ def sweep(args, extra):
                 print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}); see {log}")
     finally:
         cells_run.close()  # an interrupt stops the running cells and waits for them
-    path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status)
+    path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status, notes)
     failed = [c for c, s in status.items() if s.startswith("failed")]
     print(f"wrote {path}" + (f" | {len(failed)} cells failed" if failed else ""))
     return 1 if failed else 0

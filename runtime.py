@@ -1,42 +1,36 @@
 """
-The plumbing every script shares, so that train.py holds only training: devices and autocast, data-parallel
-set-up and teardown under torchrun, torch.compile with an eager fallback, checkpoints, files written whole,
-and the one-line reports of a fault.
+The plumbing the scripts share, so that train.py holds only training: devices and autocast, data-parallel
+set-up and teardown under torchrun, torch.compile with an eager fallback, a run's process and the one-line
+reports of its faults. A run's files (checkpoints, files written whole, the folder's rules and lock) are
+checkpoints.py's.
 
 - devices: CUDA, then Apple MPS, then the CPU; bf16 autocast where the GPU has it natively (pick_device,
   autocast); under torchrun one GPU per process, NCCL on GPUs and gloo on CPUs (init_distributed), and rank 0
-  speaks for the run (print0, rank0s);
+  speaks for the run (rank0s, and checkpoints.print0);
 - torch.compile is a speed-up, never a requirement: the first failure, however late, means eager from then
   on, said in one line (CompiledOrEager);
-- checkpoints hold tensors and plain values only, so they load with weights_only=True; load_checkpoint
-  renames the fields of older checkpoints (n_embd -> d_model) so that they still load;
-- every file is written beside its name and renamed over it (write_file): a crash mid-write leaves the old
-  file whole, and a new run refuses a folder that holds another (prepare_out_dir); a run locks its folder for
-  its lifetime (lock_out_dir), and --overwrite sets the old run aside until the new one has saved (set_aside);
-- a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded, cli);
-  Proc is one process's share of a run: device, rank, the step reached and the checkpoints written.
+- a new run refuses a folder that holds another, and rank 0 takes its lock for every rank (prepare_out_dir);
+- a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded, fault,
+  cli); Proc is one process's share of a run: device, rank, the step reached and the checkpoints written;
+- a script's main can run inside a sweep, its output to a log file (run_in_process).
 """
-import builtins
-from contextlib import contextmanager, nullcontext, suppress
-import errno
-import glob
-import json
+from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
+import traceback
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from checkpoints import (check_out_dir, lock_out_dir, print0, run_files, run_tmp_files, save_checkpoint, set_aside,
+                         settle_aside, unlock_out_dir)
+
 VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_at reached, not finite, it failed
-# torch.save's errors on a full or failing disk: "failed writing file", "unexpected pos N vs M", "iostream error"
-DISK_FULL = r"writ|unexpected pos|iostream error"
-RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
 
 # -----------------------------------------------------------------------------
 # devices: CPU, CUDA (bf16 autocast, torch.compile), MPS, torchrun
@@ -77,12 +71,6 @@ def data_source(train, device, task=None):
     dev = device if on_gpu else torch.device("cpu")
     chunk = train["data_chunk"] or (16 if dev.type == "cuda" else 1)
     return torch.Generator(device=dev).manual_seed(train["seed"]), chunk
-
-
-def print0(*args, **kwargs):
-    """print on rank 0 only: it speaks for the run (every process alone is rank 0)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
-        builtins.print(*args, **kwargs)
 
 
 def init_distributed(train, device):
@@ -199,221 +187,8 @@ class Optimizers:
             o.load_state_dict(state | {"param_groups": groups})
 
 
-def rng_state(device):
-    """The global generators a resumed run continues: dropout draws from the device's (the batches have their own)."""
-    return dict(torch_rng=torch.get_rng_state()) | (
-        dict(cuda_rng=torch.cuda.get_rng_state(device)) if device.type == "cuda" else {})
-
-
-def set_rng_state(state, device):
-    torch.set_rng_state(state["torch_rng"])
-    if device.type == "cuda" and "cuda_rng" in state:  # absent when the run was on a CPU before
-        torch.cuda.set_rng_state(state["cuda_rng"], device)
-
-
-def resume(state, model, opt, batches, device, train):
-    """(step, elapsed time, history) of a new run, or of a checkpoint, with its model, optimizer and RNGs."""
-    if state is None:
-        return 0, 0.0, []
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    set_rng_state(state, device)
-    try:
-        batches.gen.set_state(state["gen_state"])
-    except (RuntimeError, ValueError):  # a generator state from another kind of device (a GPU run resumed on a CPU)
-        print0("the checkpoint's batch generator was on another device: reseeding, the batches will differ "
-               "from an uninterrupted run's")
-        batches.gen.manual_seed(train["seed"] + state["iter"])
-    return state["iter"], state["elapsed"], state["history"]
-
-
 # -----------------------------------------------------------------------------
-# files and checkpoints: every write goes through a temporary name, so a crash mid-write leaves the old file whole
-
-
-def save_checkpoint(path, state):
-    write_file(path, lambda tmp: torch.save(state, tmp))
-
-
-def checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed, history):
-    """What ckpt.pt holds (tensors and plain values, so it loads with weights_only=True): all resume() needs."""
-    return dict(model=model.state_dict(), optimizer=opt.state_dict(), gen_state=batches.state(it),
-                **rng_state(device), iter=it, elapsed=elapsed, history=history, config=cfg, model_config=model_config)
-
-
-def load_checkpoint(path):
-    if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path} (train first, or pass the run's --out_dir)")
-    # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
-    bad = ValueError(f"{path}: not a readable train.py checkpoint (truncated or corrupt?)")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        raise bad from None
-    if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
-        raise bad
-    for d in (state["model_config"], state["config"].get("model_opts", {})):  # checkpoints from before d_model
-        if "n_embd" in d:
-            d["d_model"] = d.pop("n_embd")
-        d.pop("init_std", None)
-    return state
-
-
-def log_spaced(n):
-    """Steps 1, 2, 3, 6, 10, 18, 32, 56, 100, ... (four per decade) up to n."""
-    return sorted({round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)})
-
-
-def write_file(path, write):
-    """write(tmp) beside path, then rename it over path; a failure removes tmp and names path."""
-    tmp = path + ".tmp"
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with suppress(OSError):
-            os.remove(tmp)
-        if isinstance(e, RuntimeError) and re.search(DISK_FULL, str(e)):  # torch.save's writer on a full disk
-            e = OSError(errno.EIO, str(e).splitlines()[0])
-        if isinstance(e, OSError) and not e.filename:  # the one-line report names the file
-            raise OSError(e.errno, e.strerror, path) from None
-        raise
-
-
-def write_text(path, text):
-    def write(tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-    write_file(path, write)
-
-
-def write_json(path, obj):
-    write_text(path, json.dumps(obj, indent=1))
-
-
-def check_out_dir(path, flag="--out_dir"):
-    """Before any work: say in one line why files cannot be written under path (creates nothing)."""
-    p = os.path.abspath(path)
-    while not os.path.exists(p):  # the folder that would hold the new ones
-        p = os.path.dirname(p)
-    if not os.path.isdir(p) or not os.access(p, os.W_OK | os.X_OK):
-        what = "a file" if os.path.isfile(p) else "not writable"
-        raise ValueError(f"{flag} {path}: cannot write there ({p} is {what})")
-
-
-def run_files(out_dir):
-    """What a run writes to its folder: another run there would mix with it."""
-    names = [os.path.join(out_dir, f) for f in RUN_FILES]
-    return [p for p in names if os.path.exists(p)] + sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
-
-
-def run_tmp_files(out_dir):
-    """The temporary files a killed write of a run leaves (not another script's, e.g. geometry.py's)."""
-    names = [os.path.join(out_dir, f + ".tmp") for f in RUN_FILES]
-    return [p for p in names if os.path.exists(p)] + glob.glob(os.path.join(out_dir, "ckpt_*.pt.tmp"))
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def lock_out_dir(out_dir):
-    """Take <out_dir>/.lock, holding this process's pid, for the run's lifetime: a second run into the folder is
-    refused at once, naming the owner; a lock whose pid is gone (kill -9) is taken over, and so is one that this
-    process or its parent holds (reproduce.py locks a cell before writing its log, then starts train.py). -> its
-    path."""
-    path = os.path.join(out_dir, ".lock")
-    for attempt in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                with open(path) as f:
-                    owner = int(f.read().strip() or 0)
-            except (OSError, ValueError):
-                owner = 0
-            if owner in (os.getpid(), os.getppid()):  # handed over: now this process's, should the parent die
-                with open(f"{path}.{os.getpid()}", "w") as f:
-                    f.write(f"{os.getpid()}\n")
-                os.replace(f"{path}.{os.getpid()}", path)
-                return path
-            if not owner or pid_alive(owner) or attempt:  # empty: its owner is writing its pid right now
-                raise ValueError(f"{out_dir} is in use by another run (pid {owner or 'unknown'}, lock {path}): "
-                                 f"wait for it to end, or use another --out_dir") from None
-            print0(f"{path}: taking over the lock of pid {owner or 'unknown'}, which is no longer running")
-            with suppress(FileNotFoundError):
-                os.remove(path)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")
-        return path
-
-
-def unlock_out_dir(path):
-    """Remove the lock if it is still this process's."""
-    with suppress(OSError, ValueError):
-        with open(path) as f:
-            if int(f.read().strip()) == os.getpid():
-                os.remove(path)
-
-
-def set_aside(out_dir):
-    """--overwrite: the old run's files go to <out_dir>/.replaced, kept until the new run has saved ckpt.pt."""
-    aside = os.path.join(out_dir, ".replaced")
-    os.makedirs(aside, exist_ok=True)
-    for f in run_files(out_dir):
-        os.replace(f, os.path.join(aside, os.path.basename(f)))
-
-
-def settle_aside(out_dir, keep_new):
-    """Delete the old run set aside (keep_new: the new run saved a checkpoint or finished), or put it back in
-    place of the new run's files (it ended before its first checkpoint). Nothing set aside: nothing to do."""
-    aside = os.path.join(out_dir, ".replaced")
-    if not os.path.isdir(aside):
-        return False
-    if not keep_new:
-        for f in run_files(out_dir):
-            os.remove(f)
-        for f in os.listdir(aside):
-            os.replace(os.path.join(aside, f), os.path.join(out_dir, f))
-    shutil.rmtree(aside)
-    return not keep_new
-
-
-def prepare_out_dir(train, resumed, proc):
-    """Lock the run's folder (rank 0, whose answer every rank follows), then check that it may start there;
-    --overwrite sets the old run aside."""
-    out_dir, master, refused = train["out_dir"], proc.master, None
-    check_out_dir(out_dir)
-    if master:
-        os.makedirs(out_dir, exist_ok=True)
-        try:
-            proc.lock = lock_out_dir(out_dir)
-        except ValueError as e:
-            refused = e
-        if not refused and settle_aside(out_dir, keep_new=os.path.exists(os.path.join(out_dir, "ckpt.pt"))):
-            print0(f"{out_dir}: put back the run that an --overwrite run killed before its first checkpoint "
-                   f"had set aside")
-    if not rank0s(refused is None, (False, True), proc.world, proc.device):  # the other ranks stop too, not wait for it
-        raise refused or ValueError(f"rank 0 could not take {out_dir} (its line says why): rank {proc.rank} stops")
-    if not resumed and not train["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
-        raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
-                         f"(and its snapshots), or another --out_dir")
-    os.makedirs(out_dir, exist_ok=True)
-    if master:  # left by a killed write
-        for f in run_tmp_files(out_dir):
-            os.remove(f)
-        if train["overwrite"] and not resumed and run_files(out_dir):
-            set_aside(out_dir)
-            proc.aside = True
-    return out_dir
+# what the scripts' output shares: the code's version, times, figures
 
 
 def code_version():
@@ -440,9 +215,13 @@ def pyplot():
         return None
     return plt
 
-
 # -----------------------------------------------------------------------------
-# one run's process, and what a fault leaves behind
+# one run's process, its folder, and what a fault leaves behind
+
+
+def log_spaced(n):
+    """Steps 1, 2, 3, 6, 10, 18, 32, 56, 100, ... (four per decade) up to n."""
+    return sorted({round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)})
 
 
 class Proc:
@@ -506,6 +285,35 @@ class Proc:
             save_checkpoint(os.path.join(self.out_dir, f"ckpt_{it:07d}.pt"), state)
 
 
+def prepare_out_dir(train, resumed, proc):
+    """Lock the run's folder (rank 0, whose answer every rank follows), then check that it may start there;
+    --overwrite sets the old run aside."""
+    out_dir, master, refused = train["out_dir"], proc.master, None
+    check_out_dir(out_dir)
+    if master:
+        os.makedirs(out_dir, exist_ok=True)
+        try:
+            proc.lock = lock_out_dir(out_dir)
+        except ValueError as e:
+            refused = e
+        if not refused and settle_aside(out_dir, keep_new=os.path.exists(os.path.join(out_dir, "ckpt.pt"))):
+            print0(f"{out_dir}: put back the run that an --overwrite run killed before its first checkpoint "
+                   f"had set aside")
+    if not rank0s(refused is None, (False, True), proc.world, proc.device):  # the other ranks stop too, not wait for it
+        raise refused or ValueError(f"rank 0 could not take {out_dir} (its line says why): rank {proc.rank} stops")
+    if not resumed and not train["overwrite"] and os.path.isdir(out_dir) and run_files(out_dir):
+        raise ValueError(f"{out_dir} already holds a run: --resume to continue it, --overwrite to replace it "
+                         f"(and its snapshots), or another --out_dir")
+    os.makedirs(out_dir, exist_ok=True)
+    if master:  # left by a killed write
+        for f in run_tmp_files(out_dir):
+            os.remove(f)
+        if train["overwrite"] and not resumed and run_files(out_dir):
+            set_aside(out_dir)
+            proc.aside = True
+    return out_dir
+
+
 def guarded(loop, train, resumed_at=None, prog="train.py"):
     """loop(proc) on this process's device (under torchrun: its rank's GPU, in the process group), with Ctrl-C,
     out of memory and a full disk reported in one line saying what was kept (exit code 2); a run that left
@@ -530,12 +338,11 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
         back = proc.settle(keep_new=False)  # ended before its first checkpoint: the run it replaces stays
         if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
             raise
-        what = ("interrupted" if isinstance(e, KeyboardInterrupt) else
-                "out of memory " + getattr(e, "hint", "(try a smaller --batch_size or model)") if is_oom(e) else
-                f"{e.filename}: {e.strerror}" if e.filename else str(e))
-        kept = f"kept {proc.kept}" if proc.kept else \
-            "no checkpoint was saved" + ("; the run it was to replace is put back" if back else "")
-        print0(f"{prog}: error: {what} at step {proc.step}; {kept}", file=sys.stderr)
+        if proc.kept:
+            kept = f"kept {proc.kept}"
+        else:
+            kept = "no checkpoint was saved" + ("; the run it was to replace is put back" if back else "")
+        print0(f"{prog}: error: {fault(e)} at step {proc.step}; {kept}", file=sys.stderr)
         if isinstance(e, KeyboardInterrupt):  # a caller's sweep stops too; cli() makes it exit code 2
             e.reported_to = sys.stderr  # a sweep that sent it to a log file still says it on the console
             raise
@@ -549,6 +356,16 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
             p = os.path.dirname(p)
         if world > 1:
             dist.destroy_process_group()
+
+
+def fault(e):
+    """What happened, for the one-line report of a fault (guarded): Ctrl-C, out of memory (with oom_hint's hint of
+    where, else the training's), or an OSError such as a full disk (naming its file)."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    if is_oom(e):
+        return "out of memory " + getattr(e, "hint", "(try a smaller --batch_size or model)")
+    return f"{e.filename}: {e.strerror}" if e.filename else str(e)
 
 
 def is_oom(e):
@@ -581,3 +398,19 @@ def cli(main, prog, kept):
         if getattr(e, "reported_to", None) is not sys.stderr:
             print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
         sys.exit(2)
+
+
+def run_in_process(main, argv, log, mode="a", contain=True):
+    """main(argv), a script's (train.main), in this process with its output to the file log (mode "a" adds to it,
+    "w" starts it afresh); returns its exit code. contain: a crash is its traceback in the log and exit code 1, and
+    an argument error's SystemExit its code, so that a sweep goes on (reproduce.py); else both reach the caller."""
+    with open(log, mode, buffering=1) as f, redirect_stdout(f), redirect_stderr(f):
+        if not contain:
+            return main(argv)
+        try:
+            return main(argv)
+        except SystemExit as e:
+            return e.code
+        except Exception:  # a crashed cell must not stop the sweep
+            traceback.print_exc()
+            return 1

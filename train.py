@@ -7,8 +7,9 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
     torchrun --nproc_per_node=N train.py ...                        # data-parallel: the same global batch
 
 Settings: defaults < preset < flags (presets.py; `--help` shows their values). Recipe: AdamW or Muon; warmup, cosine
-decay, clipping; a fresh seeded batch every step (a growing task under --curriculum); held-out checks on sequences of
-their own (--eval_seed_during) can end the run (--stop_at); checkpoints; results.json. Plumbing: runtime.py.
+decay, clipping; a fresh seeded batch every step (a growing task under --curriculum); held-out checks on sequences
+of their own (--eval_seed_during) can end the run (--stop_at); checkpoints; results.json. Plumbing: runtime.py and
+checkpoints.py.
 """
 from dataclasses import asdict, fields, replace
 import math
@@ -19,12 +20,12 @@ import time
 
 import torch
 
+from checkpoints import checkpoint, load_checkpoint, print0, resume, write_json
 from oracles import Metrics
-from presets import (IO_FIELDS, MODELS, build_config, check_train, during_seed, fit_block_size, match_width,
-                     parse_args, resume_config)
-from runtime import (CompiledOrEager, Optimizers, autocast, checkpoint, cli, code_version, data_parallel, data_source,
-                     fmt_time, global_mean, guarded, load_checkpoint, oom_hint, prepare_out_dir, print0, resume,
-                     write_json)
+from presets import (IO_FIELDS, build_config, check_train, during_seed, fill_io, fit_block_size, match_width,
+                     model_name, parse_args, parse_stop, resolve_model, resume_config)
+from runtime import (CompiledOrEager, Optimizers, autocast, cli, code_version, data_parallel, data_source, fmt_time,
+                     global_mean, guarded, oom_hint, prepare_out_dir)
 from tasks import make_task
 
 
@@ -40,14 +41,14 @@ def build(cfg, device, saved=None):
         eval_tasks[f"K{K}"] = make_task(cfg["task"], **(cfg["task_opts"] | {"K": K}))
     if train["train_all_queries"] and cfg["task"] != "recall":
         raise ValueError(f"--train_all_queries is an option of --task recall, not {cfg['task']!r}")
-    Config, Model = MODELS[cfg["model"]]
-    io = {k: getattr(task, k) for k in IO_FIELDS}
+    Config, Model = resolve_model(cfg["model"])
     # training sequences (every key queried) can be longer than the evaluation's: the context fits both
     train_tasks = [task.all_queries()] if train["train_all_queries"] else []
     longest = max(t.seq_len for t in [*eval_tasks.values(), *train_tasks])
-    mc = dict(saved) if saved else {"block_size": longest} | cfg["model_opts"] | io
+    # the options, and the task's I/O fields that the config has: a model that lacks one it needs is refused here
+    mc = dict(saved) if saved else fill_io(cfg["model"], task, cfg["model_opts"], longest)
     if train["match_params"] and not saved:
-        mc = match_width(cfg, Config, Model, mc, {"block_size": longest} | io)
+        mc = match_width(cfg, Config, Model, mc, fill_io("transformer", task, {}, longest))
     config = Config(**fit_block_size(Config, Model, mc, longest))
     model = Model(config).to(device)
     return task, eval_tasks, model, make_optimizer(model, train, device), asdict(config)
@@ -175,24 +176,6 @@ def parse_curriculum(spec, task, train, grow=replace):
     return stage
 
 
-def parse_stop(spec, task):
-    """--stop_at: 'metric<=x' or 'metric>=x' -> a test of an evaluation's metrics; '' -> None."""
-    if not spec:
-        return None
-    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
-    try:
-        x = float(m.group(3)) if m else None
-    except ValueError:
-        x = None
-    if x is None:
-        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
-                         "mae_curve, mae_token, kl, accuracy")
-    name, op = m.group(1), m.group(2)
-    if name == "accuracy" and task.gaussian:
-        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
-    return lambda r: name in r and (r[name] <= x if op == "<=" else r[name] >= x)
-
-
 @torch.no_grad()
 def evaluate(model, task, n_samples, seed, device, ctx, per_pass=250, batch_size=250):
     """Metrics on n_samples held-out sequences drawn from a fixed seed, batch_size at a time; the forward pass
@@ -213,18 +196,24 @@ def summary(r):
     return s + (f" | acc {r['accuracy']:.4f} (bayes {r['oracle_accuracy']:.4f})" if "accuracy" in r else "")
 
 
-def held_out(model, fwd, task, train, proc, ctx, at_eval, state):
-    """(held-out metrics without curves or None, what is not finite or None): the parameters, then (after the
-    run's first checkpoint, state() its contents) the metrics."""
+def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
+    """Rank 0's verdict at a step that saves (proc.due), and the held-out metrics (without curves) it rests on:
+    - ("diverged", None): the parameters, or at an evaluation (at_eval) its metrics, are not finite (said in a line);
+    - ("reached", metrics): the evaluation met --stop_at (stop);
+    - ("go on", metrics) after an evaluation, ("go on", None) at a step that only takes a snapshot.
+    state(): what ckpt.pt would hold now, saved before the run's first evaluation, so that a failure there keeps it."""
     if not all(torch.isfinite(p).all() for p in model.parameters()):
-        return None, "parameters are"
+        proc.diverged("parameters are not finite", proc.step)
+        return "diverged", None
     if not at_eval:
-        return None, None
+        return "go on", None
     proc.save_first(state)
     r = evaluate(fwd, task, train["eval_samples_during"], during_seed(train), proc.device, ctx, proc.eval_batch)
     if not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):
-        return None, "held-out metrics are"
-    return {k: v for k, v in r.items() if not isinstance(v, list)}, None
+        proc.diverged("held-out metrics are not finite", proc.step)
+        return "diverged", None
+    r = {k: v for k, v in r.items() if not isinstance(v, list)}
+    return ("reached" if stop is not None and stop(r) else "go on"), r
 
 
 def batch_mae(task, batch, out):
@@ -276,11 +265,8 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
             continue
         verdict = "go on"  # once in a while: evaluate and save, on rank 0, whose verdict every rank follows
         if proc.alone():
-            r, bad = held_out(model, eval_fwd, task, train, proc, ctx, at_eval, state)
-            verdict = "diverged" if bad else "reached" if r is not None and stop is not None and stop(r) else "go on"
-            if bad:
-                proc.diverged(f"{bad} not finite", it)
-            else:
+            verdict, r = held_out(model, eval_fwd, task, train, proc, ctx, at_eval, state, stop)
+            if verdict != "diverged":  # save: ckpt.pt at an evaluation, a snapshot ckpt_<step>.pt by --ckpt_schedule
                 now = elapsed + time.time() - t_start
                 if at_eval:
                     history.append(dict(iter=it, loss=lossf, time=now, **r))
@@ -349,7 +335,7 @@ def main(argv=None):
     try:
         if not (given.get("resume") or given.get("eval_only")):
             return run(build_config(known.task, known.model, known.preset, given))
-        out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{known.model}")
+        out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{model_name(known.model)}")
         state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
         return run(resume_config(state, known, given, out_dir), state, eval_only=bool(given.get("eval_only")))
     except ValueError as e:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import geometry
+import geometry_stats
 import train
 from cli import exit_code
 from tasks import make_task
@@ -24,7 +25,7 @@ def beliefs(n, S, g):
 def test_ridge_is_the_closed_form():
     g = torch.Generator().manual_seed(0)
     X, Y = torch.randn(50, 6, generator=g, dtype=D), torch.randn(50, 2, generator=g, dtype=D)
-    (W, b), = geometry.ridge(X, Y, [0.1])
+    (W, b), = geometry_stats.ridge(X, Y, [0.1])
     Xc = X - X.mean(0)
     lam = 0.1 * (Xc ** 2).sum() / 6
     assert torch.allclose(W, torch.linalg.solve(Xc.T @ Xc + lam * torch.eye(6, dtype=D), Xc.T @ (Y - Y.mean(0))))
@@ -38,9 +39,9 @@ def test_the_probe_recovers_a_planted_linear_belief(S):
     Y = beliefs(n, S, g)
     # the belief in a random S-dim subspace of 12 dims, plus 4 unrelated ones, shifted
     X = torch.cat([Y @ torch.randn(S, 12, generator=g, dtype=D), torch.randn(n, 4, generator=g, dtype=D)], 1) + 3
-    alpha, P = geometry.probe(X, Y, torch.arange(n), n)
+    alpha, P = geometry_stats.probe(X, Y, torch.arange(n), n)
     task = make_task("hmm", n_states=S)
-    assert alpha == 1e-8 and geometry.r2(Y[n // 2:], P) > 1 - 1e-9
+    assert alpha == 1e-8 and geometry_stats.r2(Y[n // 2:], P) > 1 - 1e-9
     assert geometry.belief_kl(task, Y[n // 2:], P).abs().max() < 1e-9
 
 
@@ -49,8 +50,8 @@ def test_the_gaussian_target_planted_and_its_kl():
     Y = torch.stack([torch.randn(300, generator=g, dtype=D), torch.rand(300, generator=g, dtype=D) - 1], 1)
     X = Y @ torch.randn(2, 8, generator=g, dtype=D)
     task = make_task("regression")
-    _, P = geometry.probe(X, Y, torch.arange(300) // 3, 100)  # 3 points per sequence
-    assert geometry.r2(Y[150:], P) > 1 - 1e-9 and geometry.belief_kl(task, Y[150:], P).abs().max() < 1e-9
+    _, P = geometry_stats.probe(X, Y, torch.arange(300) // 3, 100)  # 3 points per sequence
+    assert geometry_stats.r2(Y[150:], P) > 1 - 1e-9 and geometry.belief_kl(task, Y[150:], P).abs().max() < 1e-9
     kl = geometry.belief_kl(task, torch.zeros(1, 2, dtype=D), torch.tensor([[1.0, 0.0]], dtype=D))
     assert abs(kl.item() - 0.5 / geometry.LOG2) < 1e-12  # KL(N(0, 1) || N(1, 1)) = 1/2 nat
 
@@ -58,8 +59,8 @@ def test_the_gaussian_target_planted_and_its_kl():
 def test_a_random_representation_scores_near_zero_held_out():
     g = torch.Generator().manual_seed(0)
     Y, X = beliefs(2000, 3, g), torch.randn(2000, 16, generator=g, dtype=D)
-    alpha, P = geometry.probe(X, Y, torch.arange(2000) // 10, 200)
-    assert abs(geometry.r2(Y[1000:], P)) < 0.02
+    alpha, P = geometry_stats.probe(X, Y, torch.arange(2000) // 10, 200)
+    assert abs(geometry_stats.r2(Y[1000:], P)) < 0.02
     assert alpha >= 1e-2  # the validation half prefers shrinking an unrelated map towards the mean
 
 

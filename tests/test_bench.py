@@ -8,16 +8,17 @@ import torch
 
 import bench
 from cli import exit_code
+import hardware
 
 CELLS = {"train": ["mlp"], "compile": ["mlp", "mamba, 5 lengths"], "scan": ["sequential", "chunked"],
-         "sync": [f"{t} {m}" for t, m in bench.SYNC_CELLS], "nccl": ["2 processes"],
-         "memory16": [" ".join(c) for c in bench.BIG_CELLS]}
+         "sync": [f"{t} {m}" for t, m in hardware.SYNC_CELLS], "nccl": ["2 processes"],
+         "memory16": [" ".join(c) for c in hardware.BIG_CELLS]}
 
 
 def test_the_dry_run_runs_every_check_and_writes_the_table(tmp_path, monkeypatch, capsys):
     # dynamo without code generation, and the scan's eager modes: compiling kernels takes a while on a CPU
     monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))
-    monkeypatch.setattr(bench, "SCAN_MODES", ("sequential", "chunked"))
+    monkeypatch.setattr(hardware, "SCAN_MODES", ("sequential", "chunked"))
     path = tmp_path / "gpu.json"
     argv = ["gpu", "--device", "cpu", "--dry_run", "--models", "mlp", "--threads", "1", "--json", str(path)]
     assert exit_code(bench.main, argv) == 0
@@ -31,7 +32,7 @@ def test_the_dry_run_runs_every_check_and_writes_the_table(tmp_path, monkeypatch
     for r in rows:  # each row printed
         assert f"{r['check']:<9} {r['cell']:<34} {r['status']}" in out
     measured = [r for r in rows if r["tokens_per_s"] is not None]  # the training cells
-    assert [r["check"] for r in measured] == ["train", "compile"] + ["memory16"] * len(bench.BIG_CELLS)
+    assert [r["check"] for r in measured] == ["train", "compile"] + ["memory16"] * len(hardware.BIG_CELLS)
     assert all(r["tokens_per_s"] > 0 and r["peak_mb"] >= 0 and "params" in r["note"] for r in measured)
     assert "largest relative error 0.0e+00 (float64), against the CPU" in out
     assert f"{len(rows)} of {len(rows)} cells passed or skipped, 0 failed" in out
@@ -40,7 +41,7 @@ def test_the_dry_run_runs_every_check_and_writes_the_table(tmp_path, monkeypatch
 def test_a_failed_check_fails_the_run(tmp_path, monkeypatch, capsys):
     def broken():
         raise RuntimeError("wrong answer\nsecond line")
-    monkeypatch.setitem(bench.GPU_CHECKS, "scan", lambda args, dev: [("ok", dict), ("broken", broken)])
+    monkeypatch.setitem(hardware.GPU_CHECKS, "scan", lambda args, dev: [("ok", dict), ("broken", broken)])
     path = tmp_path / "gpu.json"
     assert exit_code(bench.main, ["gpu", "--device", "cpu", "--dry_run", "--checks", "scan", "--json", str(path)]) == 1
     report = json.loads(path.read_text())
@@ -65,3 +66,24 @@ def test_bad_input_is_one_line(argv, expect, capsys):
     assert exit_code(bench.main, ["gpu", "--device", "cpu", "--dry_run", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expect in err, err
+
+
+def test_the_16_gib_cap_names_the_gpu_by_index(monkeypatch):
+    # torch.cuda.set_per_process_memory_fraction refuses torch.device("cuda"), which names no index: the first GPU
+    # run of bench.py gpu failed every memory16 cell so
+    calls = []
+
+    def fraction(f, device):
+        if not isinstance(device, int):
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        calls.append((f, device))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fraction)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), dict(total_memory=64 * 2**30)))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(hardware, "train_cell", lambda *a, **k: dict(peak_mb=1.0, note="n"))
+    row = hardware.capped_cell(None, torch.device("cuda"), "hmm", "paper", "mamba")
+    assert calls == [(0.25, 3), (1.0, 3)] and row["note"] == "n, capped at 16 GiB"
+    calls.clear()
+    hardware.capped_cell(None, torch.device("cuda:1"), "hmm", "paper", "mamba")
+    assert calls == [(0.25, 1), (1.0, 1)]

@@ -1,6 +1,6 @@
-"""conditioning.py: the memory read-out against S = sum v k^T, capacity statistics against Theorem 6's closed forms,
-the head-combination rules on hand-built read-outs, exact recovery by the delta rule under drift, every
-subcommand end to end at toy sizes, and one-line errors (exit code 2) for bad input."""
+"""conditioning.py and conditioning_memory.py: the memory read-out against S = sum v k^T, capacity statistics against
+Theorem 6's closed forms, the head-combination rules on hand-built read-outs, exact recovery by the delta rule under
+drift, every subcommand end to end at toy sizes, and one-line errors (exit code 2) for bad input."""
 from functools import partial
 import errno
 import json
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import conditioning as C
+import conditioning_memory as M
 from cli import exit_code
 
 torch.set_num_threads(1)
@@ -34,37 +35,37 @@ def toy(tmp_path_factory):
 
 def test_store_and_read_is_S_q_and_orthonormal_keys_have_no_crosstalk():
     g = torch.Generator().manual_seed(0)
-    K, V = C.unit(3, 2, 5, 8, g=g), C.unit(3, 2, 5, 6, g=g)
+    K, V = M.unit(3, 2, 5, 8, g=g), M.unit(3, 2, 5, 6, g=g)
     Q = torch.randn(3, 2, 4, 8, generator=g, dtype=torch.float64)
     S = torch.einsum("bhnv,bhnk->bhvk", V, K)  # sum_j v_j k_j^T
     for budget in (1 << 22, 1):  # one batch, and one sequence per batch
-        torch.testing.assert_close(C.store_and_read(K, V, Q, budget), Q @ S.transpose(-1, -2), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(M.store_and_read(K, V, Q, budget), Q @ S.transpose(-1, -2), rtol=1e-12, atol=1e-12)
     K = torch.linalg.qr(torch.randn(8, 5, generator=g, dtype=torch.float64))[0].T.expand(3, 2, 5, 8)
-    torch.testing.assert_close(C.store_and_read(K, V, K), V, rtol=0, atol=1e-12)  # k_m . k_j = 0: the signal alone
+    torch.testing.assert_close(M.store_and_read(K, V, K), V, rtol=0, atol=1e-12)  # k_m . k_j = 0: the signal alone
 
 
 def test_capacity_noise_matches_theorem_6():
-    p = C.capacity_point(64, 17, "sphere", trials=200, delta=0.5, seed=0)
+    p = M.capacity_point(64, 17, "sphere", trials=200, delta=0.5, seed=0)
     assert abs(p["mean_noise"] / (16 / 64) - 1) < 0.05, p  # E|noise|^2 = (n - 1)/d_k for keys on the sphere
-    assert C.capacity_point(64, 1, "sphere", 20, 0.5, 0)["mean_noise"] < 1e-28  # one pair: the signal, exactly
-    elu = C.capacity_point(64, 17, "elu+1", trials=50, delta=0.5, seed=0)
+    assert M.capacity_point(64, 1, "sphere", 20, 0.5, 0)["mean_noise"] < 1e-28  # one pair: the signal, exactly
+    elu = M.capacity_point(64, 17, "elu+1", trials=50, delta=0.5, seed=0)
     assert elu["mean_noise"] > 5 * 16 / 64 and elu["p_any"] == 1.0  # positive features: crosstalk of order 1
 
 
 def test_largest_and_fit():
     calls = []
-    assert C.largest(lambda n: calls.append(n) or n <= 37, 1000) == 37 and len(calls) <= 2 * math.log2(1000)
-    assert C.largest(lambda n: n <= 37, 20) == 20 and C.largest(lambda n: n <= 1, 64) == 1
-    a, b, r2 = C.fit([1, 2, 3, 5], [3, 5, 7, 11])
+    assert M.largest(lambda n: calls.append(n) or n <= 37, 1000) == 37 and len(calls) <= 2 * math.log2(1000)
+    assert M.largest(lambda n: n <= 37, 20) == 20 and M.largest(lambda n: n <= 1, 64) == 1
+    a, b, r2 = M.fit([1, 2, 3, 5], [3, 5, 7, 11])
     assert (round(a, 12), round(b, 12), round(r2, 12)) == (2, 1, 1)
 
 
 def test_one_layer_one_head_is_single_retrieval():
     g = torch.Generator().manual_seed(1)
-    K, V = C.unit(300, 1, 8, 16, g=g), C.unit(300, 8, 16, g=g)
+    K, V = M.unit(300, 1, 8, 16, g=g), M.unit(300, 8, 16, g=g)
     noise = ((torch.einsum("bkv,bkd,bnd->bnv", V, K[:, 0], K[:, 0]) - V) ** 2).sum(-1)  # |S k_m - v_m|^2 by hand
-    errs = C.chain_errors(C.store_and_read(K, V[:, None], K), V, 1, 0.5, [1], [1])
-    for rule in C.COMBINE:
+    errs = M.chain_errors(M.store_and_read(K, V[:, None], K), V, 1, 0.5, [1], [1])
+    for rule in M.COMBINE:
         assert errs[rule][1][1] == pytest.approx((noise >= 0.5).double().mean().item(), abs=1e-12)
     assert 0.1 < errs["best"][1][1] < 0.9  # a case where failures and successes both occur
 
@@ -74,7 +75,7 @@ def test_combination_rules_on_hand_built_read_outs():
     V = torch.zeros(2, 1, 1, dtype=torch.float64)
     # layer 0: head 0 right; layer 1: both wrong
     R = torch.tensor([[0.0, 1.0], [1.0, 1.0]], dtype=torch.float64).view(2, 2, 1, 1)
-    e = C.chain_errors(R, V, 2, 0.5, [1, 2], [1, 2])
+    e = M.chain_errors(R, V, 2, 0.5, [1, 2], [1, 2])
     assert e["best"][2] == {1: 0.0, 2: 1.0}  # layer 0 has a good head; layer 1 none
     assert e["sum"][2] == {1: 0.0, 2: 1.0}  # layer 0's average 0.5: noise 0.25 < 0.5
     assert e["majority"][2] == {1: 1.0, 2: 1.0}  # 1 of 2 heads is not more than half
@@ -82,13 +83,13 @@ def test_combination_rules_on_hand_built_read_outs():
     # decode, two stored values e_1, e_2: pair 0 reads (1, 0), right; pair 1 reads (0.6, 0.4), nearer the wrong one
     V2 = torch.eye(2, dtype=torch.float64)[None]
     R2 = torch.tensor([[1.0, 0.0], [0.6, 0.4]], dtype=torch.float64).view(1, 1, 2, 2)
-    assert C.chain_errors(R2, V2, 1, 0.5, [1], [1], "decode")["best"][1][1] == 0.5
+    assert M.chain_errors(R2, V2, 1, 0.5, [1], [1], "decode")["best"][1][1] == 0.5
 
 
 def test_delta_recovers_the_new_mapping_exactly_and_hebbian_grows():
     g = torch.Generator().manual_seed(3)
-    K, idx, targets = C.drift_stream("abrupt", 8, 16, 180, 60, 0.0, "orthonormal", g)
-    err, _ = C.track(K, idx, targets, "delta", 1.0, norm_every=7)
+    K, idx, targets = M.drift_stream("abrupt", 8, 16, 180, 60, 0.0, "orthonormal", g)
+    err, _ = M.track(K, idx, targets, "delta", 1.0, norm_every=7)
     for s in (0, 60, 120):  # once every key has been written since the switch, each retrieves its new value exactly
         seen, t_all = set(), None
         for t in range(s, s + 60):
@@ -97,7 +98,7 @@ def test_delta_recovers_the_new_mapping_exactly_and_hebbian_grows():
                 t_all = t
                 break
         assert t_all is not None and err[t_all] < 1e-12 and err[t_all - 1] > 1e-3, (s, t_all)
-    _, norms = C.track(K, idx, targets, "hebbian", None, norm_every=30)
+    _, norms = M.track(K, idx, targets, "hebbian", None, norm_every=30)
     assert norms[-1] > 1.5 * norms[1]
 
 
@@ -203,7 +204,7 @@ def test_a_full_disk_is_one_line_and_exit_code_1(tmp_path, monkeypatch, capsys):
 
         def write(self, data):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(C.runtime, "open", Full, raising=False)  # runtime.write_text's open
+    monkeypatch.setattr(C.checkpoints, "open", Full, raising=False)  # checkpoints.write_text's open
     assert run(["drift", "--results", str(tmp_path)] + TOY[TOY.index("--variants"):]) == 1
     err = capsys.readouterr().err.strip()
     assert err == (f"conditioning.py: error: {tmp_path / 'drift.json'}: No space left on device; "

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bench
+import hardware
 import tasks
 import presets
 import runtime
@@ -228,7 +228,7 @@ SMALL_MODELS = {"transformer": dict(n_layer=1, n_head=2, d_model=16), "mamba": d
                          + [("hmm", m) for m in SMALL_MODELS if m != "transformer"])
 def test_a_training_step_on_the_gpu_never_waits_for_it(name, model):
     cfg = presets.build_config(name, model.split()[0], "quick", SMALL[name] | SMALL_MODELS[model])
-    bench.sync_free_step(cfg, torch.device("cuda"))  # the check `bench.py gpu` runs
+    hardware.sync_free_step(cfg, torch.device("cuda"))  # the check `bench.py gpu` runs
 
 
 def test_recall_training_layout_queries_every_stored_key_once_in_random_order():

@@ -11,6 +11,8 @@ from torch.overrides import TorchFunctionMode
 import torch.utils._pytree as pytree
 
 import bench
+import checkpoints
+import hardware
 import reproduce
 import runtime
 import train
@@ -205,12 +207,13 @@ def test_checkpoints_hold_the_cuda_rng_state(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": state.clone())
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.append((s, device)))
     dev = torch.device("cuda:0")
-    saved = runtime.rng_state(dev)
+    saved = checkpoints.rng_state(dev)
     assert set(saved) == {"torch_rng", "cuda_rng"} and torch.equal(saved["cuda_rng"], state)
-    runtime.set_rng_state(saved, dev)
+    checkpoints.set_rng_state(saved, dev)
     assert len(restored) == 1 and torch.equal(restored[0][0], state) and restored[0][1] == dev
-    assert set(runtime.rng_state(torch.device("cpu"))) == {"torch_rng"}
-    runtime.set_rng_state(runtime.rng_state(torch.device("cpu")), dev)  # a CPU run resumed on a GPU: the seeded state
+    assert set(checkpoints.rng_state(torch.device("cpu"))) == {"torch_rng"}
+    # a CPU run resumed on a GPU: the seeded state
+    checkpoints.set_rng_state(checkpoints.rng_state(torch.device("cpu")), dev)
     assert len(restored) == 1
 
 
@@ -283,13 +286,13 @@ def test_bench_scan_warms_up_the_backward_before_measuring(monkeypatch):
 def test_bench_synchronises_mps_and_reads_the_resident_set_by_platform(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.mps, "synchronize", lambda: calls.append("mps"))
-    bench.syncer(torch.device("mps"))()
+    hardware.syncer(torch.device("mps"))()
     assert calls == ["mps"]
-    monkeypatch.setattr(bench.resource, "getrusage", lambda who: bench.argparse.Namespace(ru_maxrss=3000))
-    monkeypatch.setattr(bench.sys, "platform", "darwin")  # bytes
-    assert bench.max_rss() == 3000
-    monkeypatch.setattr(bench.sys, "platform", "linux")  # kilobytes
-    assert bench.max_rss() == 3000 * 1024
+    monkeypatch.setattr(hardware.resource, "getrusage", lambda who: bench.argparse.Namespace(ru_maxrss=3000))
+    monkeypatch.setattr(hardware.sys, "platform", "darwin")  # bytes
+    assert hardware.max_rss() == 3000
+    monkeypatch.setattr(hardware.sys, "platform", "linux")  # kilobytes
+    assert hardware.max_rss() == 3000 * 1024
 
 
 def test_reproduce_keeps_an_inherited_cuda_visible_devices(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""geometry.py: its statistics on constructed cases, every diagnostic on tiny checkpoints, bad input."""
+"""geometry.py (and geometry_attention.py, geometry_stats.py): its statistics on constructed cases, every diagnostic on
+tiny checkpoints, the claims table over seeds, bad input."""
 from functools import partial
 import json
 import math
@@ -10,8 +11,11 @@ import pytest
 import torch
 import torch.nn as nn
 
+import checkpoints
 import geometry
-import runtime
+import geometry_attention
+import geometry_stats
+import presets
 import train
 from cli import exit_code
 from tasks import make_task
@@ -29,21 +33,21 @@ def tiny(**kw):
 
 def test_orthogonal_keys_give_zero_and_parallel_keys_one():
     Q, _ = torch.linalg.qr(torch.randn(16, 16, dtype=D))
-    assert geometry.offdiag_abs_cos(Q[:10] * torch.rand(10, 1, dtype=D)).item() < 1e-12
-    assert abs(geometry.offdiag_abs_cos(-torch.ones(4, 3, dtype=D)).item() - 1) < 1e-12
+    assert geometry_stats.offdiag_abs_cos(Q[:10] * torch.rand(10, 1, dtype=D)).item() < 1e-12
+    assert abs(geometry_stats.offdiag_abs_cos(-torch.ones(4, 3, dtype=D)).item() - 1) < 1e-12
     two = torch.tensor([[1.0, 0.0], [0.5, 3 ** 0.5 / 2]], dtype=D)  # 60 degrees apart
-    assert abs(geometry.offdiag_abs_cos(two).item() - 0.5) < 1e-12
+    assert abs(geometry_stats.offdiag_abs_cos(two).item() - 0.5) < 1e-12
 
 
 def test_a_model_with_orthogonal_hypothesis_keys_scores_zero():
     model, task = tiny(), make_task("bijection", V=5)
-    tokens = geometry.hypothesis_tokens(task)
+    tokens = geometry_attention.hypothesis_tokens(task)
     assert tokens.tolist() == [5, 6, 7, 8, 9]  # the value tokens
-    assert geometry.hypothesis_tokens(make_task("bijection", V=5, layout="query")).tolist() == [0, 1, 2, 3, 4]
+    assert geometry_attention.hypothesis_tokens(make_task("bijection", V=5, layout="query")).tolist() == [0, 1, 2, 3, 4]
     with torch.no_grad():  # value token 5 + i embeds as e_i + e_{8+i}; W_K = I: each head sees e_i
         model.wte.weight[5:10] = torch.eye(16, dtype=D)[:5] + torch.eye(16, dtype=D)[8:13]
         model.blocks[0].attn.c_attn.weight[16:32] = torch.eye(16, dtype=D)
-    cos, _ = geometry.key_frame(model, tokens)
+    cos, _ = geometry_attention.key_frame(model, tokens)
     assert cos.shape == (2, 2) and cos[0].abs().max() < 1e-12 and cos[1].min() > 0
 
 
@@ -51,18 +55,19 @@ def test_signed_cosine_floor_and_orthonormal_rows():
     n = 20
     U = torch.eye(n, dtype=D) - 1 / n  # the rows sum to zero and have equal norms: a regular simplex
     U = U * (1 + torch.rand(n, 1, dtype=D))  # lengths do not matter to a cosine
-    assert abs(geometry.offdiag_cos(U, signed=True).item() + 1 / (n - 1)) < 1e-12  # -0.0526: the floor
-    assert abs(geometry.offdiag_cos(U).item() - 1 / (n - 1)) < 1e-12
+    assert abs(geometry_stats.offdiag_cos(U, signed=True).item() + 1 / (n - 1)) < 1e-12  # -0.0526: the floor
+    assert abs(geometry_stats.offdiag_cos(U).item() - 1 / (n - 1)) < 1e-12
     Q, _ = torch.linalg.qr(torch.randn(32, 32, dtype=D))
-    assert abs(geometry.offdiag_cos(Q[:n], signed=True).item()) < 1e-12 and geometry.offdiag_cos(Q[:n]).item() < 1e-12
+    assert abs(geometry_stats.offdiag_cos(Q[:n], signed=True).item()) < 1e-12
+    assert geometry_stats.offdiag_cos(Q[:n]).item() < 1e-12
     G = torch.randn(500, n, 8, dtype=D)  # any rows stay above the floor
-    assert (geometry.offdiag_cos(G, signed=True) >= -1 / (n - 1) - 1e-12).all()
+    assert (geometry_stats.offdiag_cos(G, signed=True) >= -1 / (n - 1) - 1e-12).all()
 
 
 @pytest.mark.parametrize("d, want", [(32, 0.141), (96, 0.082), (192, 0.058)])
 def test_gaussian_keys_mean_abs_cos(d, want):  # about sqrt(2 / (pi d)): the Gaussian baselines' scale
     G = torch.randn(200, 20, d, generator=torch.Generator().manual_seed(0), dtype=D)
-    assert abs(geometry.offdiag_cos(G).mean().item() - want) < 0.003
+    assert abs(geometry_stats.offdiag_cos(G).mean().item() - want) < 0.003
 
 
 def by_hand_key_stat(model, tokens, layer, normed, signed, heads):
@@ -94,10 +99,10 @@ def test_every_key_variant_by_hand(norm):
         for m in (model, init):
             for p in m.parameters():
                 p.add_(0.3 * torch.randn_like(p))
-    rows = geometry.key_variants(model, init, task, n_draws=4)
+    rows = geometry_attention.key_variants(model, init, task, n_draws=4)
     assert len(rows) == 16 and {(r["tokens"], r["n_tokens"]) for r in rows} == {("hypothesis", 5), ("vocab", 10)}
     for r in rows:
-        tokens = geometry.hypothesis_tokens(task, r["tokens"])
+        tokens = geometry_attention.hypothesis_tokens(task, r["tokens"])
         for who, m in (("trained", model), ("init", init)):
             for layer in range(2):
                 want = by_hand_key_stat(m, tokens, layer, r["input"] == "norm", r["statistic"] == "signed", r["heads"])
@@ -112,7 +117,7 @@ def test_keys_named_variants_are_the_authors_statistics(runs):
     assert len(k["variants"]) == 16 and set(k["named"]) == {"ours", "qkv_analysis", "identify_frame_head"}
     q, f = k["named"]["qkv_analysis"], k["named"]["identify_frame_head"]
     assert (q["tokens"], q["n_tokens"], q["floor"]) == ("vocab", 12, -1 / 11)
-    model, task, _ = geometry.load(runs["bij"])
+    model, task, _ = checkpoints.load(runs["bij"])
     with torch.no_grad():
         assert abs(q["trained"] - by_hand_key_stat(model, torch.arange(12), 0, False, True, "mean")) < 1e-12
         assert abs(f["trained"] - by_hand_key_stat(model, torch.arange(6, 12), 0, True, False, "min")) < 1e-12
@@ -122,9 +127,9 @@ def test_keys_named_variants_are_the_authors_statistics(runs):
 
 def test_pca_shares_and_dimensions():
     X = torch.tensor([[3, 0, 0], [-3, 0, 0], [0, 2, 0], [0, -2, 0], [0, 0, 1], [0, 0, -1]], dtype=D)
-    _, share = geometry.pca(X)
+    _, share = geometry_stats.pca(X)
     assert torch.allclose(share, torch.tensor([9, 4, 1], dtype=D) / 14)
-    r, _ = geometry.manifold_stats(X, torch.arange(6, dtype=D))
+    r, _ = geometry_stats.manifold_stats(X, torch.arange(6, dtype=D))
     assert (r["dims_90"], r["dims_95"]) == (2, 3)
 
 
@@ -132,21 +137,21 @@ def test_a_representation_linear_in_entropy_gives_r2_one():
     g = torch.Generator().manual_seed(0)
     H = 4 * torch.rand(600, generator=g, dtype=D)
     a, b = torch.randn(1, 8, generator=g, dtype=D), torch.randn(8, generator=g, dtype=D)
-    r, _ = geometry.manifold_stats(H[:, None] * a + b, H)
+    r, _ = geometry_stats.manifold_stats(H[:, None] * a + b, H)
     assert abs(r["probe_r2"] - 1) < 1e-9 and abs(r["corr_pc1"] - 1) < 1e-9
     assert abs(r["pc1_share"] - 1) < 1e-9 and r["dims_90"] == 1
     noisy = torch.cat([H[:, None] * a + b, torch.randn(600, 5, generator=g, dtype=D)], 1)  # H still in the span
-    assert abs(geometry.probe_r2(noisy, H) - 1) < 1e-9
-    assert abs(geometry.probe_r2(torch.randn(600, 3, generator=g, dtype=D), H)) < 0.05  # unrelated: about 0
+    assert abs(geometry_stats.probe_r2(noisy, H) - 1) < 1e-9
+    assert abs(geometry_stats.probe_r2(torch.randn(600, 3, generator=g, dtype=D), H)) < 0.05  # unrelated: about 0
 
 
 def test_silhouette_by_hand():
     X, labels = torch.tensor([[0.0], [1.0], [10.0], [11.0]], dtype=D), torch.tensor([0, 0, 1, 1])
     want = (9.5 / 10.5 + 8.5 / 9.5) / 2  # a = 1 for every point; b = 10.5, 9.5, 9.5, 10.5
-    assert abs(geometry.silhouette(X, labels) - want) < 1e-12
-    assert geometry.silhouette(torch.tensor([[0.0], [1.0], [5.0]], dtype=D), torch.tensor([0, 0, 1])) == \
+    assert abs(geometry_stats.silhouette(X, labels) - want) < 1e-12
+    assert geometry_stats.silhouette(torch.tensor([[0.0], [1.0], [5.0]], dtype=D), torch.tensor([0, 0, 1])) == \
         pytest.approx(((5 - 1) / 5 + (4 - 1) / 4 + 0) / 3)  # a point alone in its cluster scores 0
-    assert math.isnan(geometry.silhouette(X, torch.zeros(4, dtype=torch.long)))  # one cluster: undefined
+    assert math.isnan(geometry_stats.silhouette(X, torch.zeros(4, dtype=torch.long)))  # one cluster: undefined
 
 
 def test_pc1_of_a_representation_linear_in_position():
@@ -154,9 +159,9 @@ def test_pc1_of_a_representation_linear_in_position():
     pos = torch.randint(0, 40, (500,), generator=g)
     a, b = torch.randn(1, 6, generator=g, dtype=D), torch.randn(6, generator=g, dtype=D)
     H = torch.rand(500, generator=g, dtype=D)  # unrelated to the position
-    r, _ = geometry.manifold_stats(pos[:, None] * a + b, H, position=pos)
+    r, _ = geometry_stats.manifold_stats(pos[:, None] * a + b, H, position=pos)
     assert abs(r["corr_pc1_position"] - 1) < 1e-12 and r["corr_pc1"] < 0.15
-    r, _ = geometry.manifold_stats(H[:, None] * a + b, H, position=pos)
+    r, _ = geometry_stats.manifold_stats(H[:, None] * a + b, H, position=pos)
     assert abs(r["corr_pc1"] - 1) < 1e-12 and r["corr_pc1_position"] < 0.15
 
 
@@ -173,7 +178,7 @@ def test_bijection_sites_label_a_value_with_the_preceding_keys_entropy():
 
 @pytest.mark.parametrize("model", ["transformer", "mamba", "lstm", "mlp", "linear_attn"])
 def test_the_stream_before_the_final_norm(model):
-    Config, Model = geometry.MODELS[model]
+    Config, Model = presets.MODELS[model]
     torch.manual_seed(0)
     m = Model(Config(vocab_size=10, n_classes=5, answer_offset=5, block_size=9, n_layer=2, d_model=16)).double().eval()
     x = torch.randint(10, (2, 9))
@@ -196,7 +201,7 @@ def test_qk_compares_attention_entropy_with_the_keys_in_view(window):
         block.attn.c_attn.weight.data[:2 * 16] = 0  # q and k
         block.attn.c_attn.bias.data[:2 * 16] = 0
     batch = task.sample(3, torch.Generator().manual_seed(0))
-    r, _ = geometry.qk(model, task, batch, None, None)
+    r, _ = geometry_attention.qk(model, task, batch, None, None)
     t = batch.mask[0].nonzero().squeeze(1).double()  # the scored rows
     n = t + 1 if not window else task.header_len + torch.clamp(t + 1 - task.header_len, max=window)
     assert r["uniform_entropy_bits"] == pytest.approx(n.log2().mean().item(), abs=1e-12)
@@ -206,12 +211,13 @@ def test_qk_compares_attention_entropy_with_the_keys_in_view(window):
 
 def test_adjusted_rand_index():
     a = torch.tensor([0, 0, 1, 1, 2, 2, 2])
-    assert geometry.adjusted_rand_index(a, a) == pytest.approx(1)
-    assert geometry.adjusted_rand_index(a, torch.tensor([2, 1, 0])[a]) == pytest.approx(1)  # renamed clusters
-    assert geometry.adjusted_rand_index(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 0, 1, 2])) == pytest.approx(4 / 7)
+    assert geometry_stats.adjusted_rand_index(a, a) == pytest.approx(1)
+    assert geometry_stats.adjusted_rand_index(a, torch.tensor([2, 1, 0])[a]) == pytest.approx(1)  # renamed clusters
+    ari = geometry_stats.adjusted_rand_index(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 0, 1, 2]))
+    assert ari == pytest.approx(4 / 7)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randint(5, (20000,), generator=g), torch.randint(5, (20000,), generator=g)
-    assert abs(geometry.adjusted_rand_index(x, y)) < 0.005  # independent: chance level
+    assert abs(geometry_stats.adjusted_rand_index(x, y)) < 0.005  # independent: chance level
 
 
 def test_silhouette_against_brute_force():
@@ -229,7 +235,7 @@ def test_silhouette_against_brute_force():
         b = min(sum(dist(i, j) for j in range(40) if labels[j] == k) / (labels == k).sum().item()
                 for k in labels.unique().tolist() if k != labels[i])
         s.append((b - a) / max(a, b))
-    assert abs(geometry.silhouette(X, labels) - sum(s) / 40) < 1e-12
+    assert abs(geometry_stats.silhouette(X, labels) - sum(s) / 40) < 1e-12
 
 
 def test_planted_clusters_beat_the_null_and_k_means_finds_them():
@@ -237,22 +243,22 @@ def test_planted_clusters_beat_the_null_and_k_means_finds_them():
     states = torch.arange(5).repeat(60)
     centres = 10 * torch.randn(5, 4, generator=g, dtype=D)
     X = centres[states] + torch.randn(300, 4, generator=g, dtype=D)
-    r = geometry.silhouette_null(X, states, n_perm=50)
+    r = geometry_stats.silhouette_null(X, states, n_perm=50)
     assert r["silhouette"] > 0.5 and r["silhouette_p"] == 1 / 51 and r["silhouette_null_p95"] < 0.05
-    assert geometry.adjusted_rand_index(geometry.kmeans(X, 5), states) == pytest.approx(1)
-    r = geometry.silhouette_null(X, states[torch.randperm(300, generator=g)], n_perm=50)  # labels unrelated
+    assert geometry_stats.adjusted_rand_index(geometry_stats.kmeans(X, 5), states) == pytest.approx(1)
+    r = geometry_stats.silhouette_null(X, states[torch.randperm(300, generator=g)], n_perm=50)  # labels unrelated
     assert r["silhouette_p"] > 0.05 and abs(r["silhouette"] - r["silhouette_null_mean"]) < 0.05
-    c = geometry.state_clusters(X, states, 5, max_points=200, n_perm=20)
+    c = geometry_stats.state_clusters(X, states, 5, max_points=200, n_perm=20)
     assert c["kmeans_ari"] == pytest.approx(1) and c["kmeans_k"] == 5 and c["silhouette_p"] == 1 / 21
 
 
 def test_frame_head_concentration():
     delta = {"L0H0": 0.1, "L0H1": 0.4, "L1H0": 0.15, "L1H1": 0.05}
-    c = geometry.concentration(delta)
+    c = geometry_attention.concentration(delta)
     assert (c["top_head"], c["second_head"], c["l0_top"], c["l0_second_head"]) == ("L0H1", "L1H0", "L0H1", "L0H0")
     assert c["top_over_second"] == pytest.approx(0.4 / 0.15) and c["l0_top_over_second"] == pytest.approx(4)
     assert c["single_head_concentrated"] and c["n_heads_above_half_top"] == 1
-    c = geometry.concentration({"L0H0": 0.1, "L0H1": 0.09, "L1H0": 0.3})
+    c = geometry_attention.concentration({"L0H0": 0.1, "L0H1": 0.09, "L1H0": 0.3})
     assert c["top_head"] == "L1H0" and c["l0_top"] == "L0H0" and not c["l0_single_head_concentrated"]
     assert c["n_heads_above_half_top"] == 1
 
@@ -260,7 +266,7 @@ def test_frame_head_concentration():
 def test_js_divergence():
     p = torch.tensor([[0.2, 0.8, 0.0], [1.0, 0.0, 0.0]], dtype=D)
     q = torch.tensor([[0.2, 0.8, 0.0], [0.0, 0.5, 0.5]], dtype=D)
-    assert torch.allclose(geometry.js_bits(p, q), torch.tensor([0.0, 1.0], dtype=D))
+    assert torch.allclose(geometry_stats.js_bits(p, q), torch.tensor([0.0, 1.0], dtype=D))
 
 
 class AttentionOff(nn.Module):
@@ -305,10 +311,10 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["bij", "mamba"])
 def test_the_init_baseline_is_the_runs_initialisation(runs, name):
-    state = runtime.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
+    state = checkpoints.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
     torch.manual_seed(state["config"]["train"]["seed"])  # as train.run does before train.build
     _, _, model, _, _ = train.build(state["config"], torch.device("cpu"))
-    fresh = geometry.build_model(state, trained=False)
+    fresh = checkpoints.build_model(state, trained=False)
     assert all(torch.equal(a.double(), b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
 
@@ -349,6 +355,12 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
     dyn = read(runs["bij"], "dynamics")
     assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # runtime.log_spaced(6), the last is ckpt.pt
     assert dyn["steps"][-1]["att_similarity"] == [1.0, 1.0] and len(dyn["summary"]["attention_settled_step"]) == 2
+    last = dyn["steps"][-1]  # the claims table's figures at every checkpoint
+    assert len(last["keys_jlens"]) == 2 and len(last["att_entropy_bits"]) == 2 and len(last["skip_ratio"]) == 2
+    assert last["keys_jlens"] == pytest.approx(k["variants"][[(v["tokens"], v["input"], v["statistic"], v["heads"])
+        for v in k["variants"]].index(("hypothesis", "norm", "abs", "mean"))]["trained_per_head"][0], abs=1e-12)
+    assert set(last["values"]) == {"ours", "geometric", "manifold", "qkv"} and last["values"]["qkv"]["n_distinct"] == 5
+    assert last["values"]["geometric"]["n_points"] == 3200 * 4 and "frame" not in last  # V=6: 4 values a sequence
     assert not os.path.exists(os.path.join(runs["bij"], "geometry_clusters.json"))  # not hmm
 
 
@@ -360,6 +372,8 @@ def test_seeds_gives_each_seeds_figure_and_their_mean_min_and_max(runs, tmp_path
         d.mkdir()
         for n in ("keys", "qk", "values", "dynamics", "ablate"):
             r = read(runs["bij"], n)
+            if i:  # as a file written before the diagnostics wrote their figures: seeds reads them from the numbers
+                del r["figures"]
             if i and n == "keys":
                 r["named"]["ours"]["trained"] = 0.5
             if i and n == "qk":
@@ -379,6 +393,32 @@ def test_seeds_gives_each_seeds_figure_and_their_mean_min_and_max(runs, tmp_path
     assert "| keys: the same at init |" in capsys.readouterr().out
     assert geometry_main(["seeds", str(tmp_path / "none"), "--out", str(tmp_path)]) == 2
     assert "no geometry_*.json" in capsys.readouterr().err
+
+
+def test_seeds_names_a_figure_that_a_run_lacks(runs, tmp_path, capsys):
+    if not os.path.exists(os.path.join(runs["bij"], "geometry_dynamics.json")):
+        assert geometry_main(["all", "--ckpt", runs["bij"], "--n_seq", "12", "--no_plot"]) == 0
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for i, d in enumerate(dirs):
+        d.mkdir()
+        for n in ("keys", "qk", "values", "ablate") + ("dynamics",) * (i == 0):  # b: no dynamics
+            r = read(runs["bij"], n)
+            assert r["figures"] == geometry.FIGURES[n](r)  # written by the diagnostic, from its numbers
+            if i and n == "keys":
+                del r["figures"]["keys: its floor"]
+            (d / f"geometry_{n}.json").write_text(json.dumps(r))
+    assert geometry_main(["seeds", *map(str, dirs), "--out", str(tmp_path)]) == 0
+    out, report = capsys.readouterr().out, json.load(open(tmp_path / "geometry_seeds.json"))
+    for name in ("keys: its floor", "layer-0 attention settled at step", "entropy MAE's fall after that"):
+        assert name not in report["figures"] and report["missing"][name]["runs"] == [str(tmp_path / "b")]
+    assert f"missing: keys: its floor (geometry_keys.json) in {tmp_path / 'b'}" in out
+    assert "keys: the same at init" in report["figures"] and len(report["missing"]) == 3
+    os.remove(dirs[0] / "geometry_dynamics.json")  # now neither run has it
+    assert geometry_main(["seeds", *map(str, dirs), "--out", str(tmp_path)]) == 0
+    assert "missing: every dynamics figure (geometry_dynamics.json) in every run" in capsys.readouterr().out
+    (dirs[0] / "geometry_qk.json").write_text(json.dumps({"layers": "renamed"}))  # no figures, another layout
+    assert geometry_main(["seeds", *map(str, dirs), "--out", str(tmp_path)]) == 2
+    assert "geometry_qk.json holds no figures, and not the layout geometry.py writes" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["mamba", "lstm", "hmm"])
@@ -475,9 +515,106 @@ def test_a_full_disk_is_one_line_and_keeps_the_files_written_before(runs, monkey
     def full(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(runtime.os, "replace", full)  # write_file's rename: the new file never lands
+    monkeypatch.setattr(checkpoints.os, "replace", full)  # write_file's rename: the new file never lands
     capsys.readouterr()
     assert geometry_main(["ablate", "--ckpt", runs["lstm"], "--n_seq", "8", "--no_plot"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}: No space left on device; the files written before are kept" in err
     assert open(path).read() == before and sorted(os.listdir(runs["lstm"])) == files
+
+
+# -----------------------------------------------------------------------------
+# the authors' protocols (geometry_stats.py) and the frame ratio
+
+
+def tiny_bijection(V=6, seed=0):
+    task = make_task("bijection", V=V)
+    torch.manual_seed(seed)
+    m = Transformer(TransformerConfig(vocab_size=task.vocab_size, n_classes=task.n_classes, block_size=task.seq_len,
+                                      answer_offset=task.answer_offset, n_layer=2, n_head=2, d_model=16))
+    return m.double().eval(), task
+
+
+def test_pca_shares_are_the_covariances_eigenvalues_over_their_sum():
+    X = torch.randn(300, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64) @ torch.diag(
+        torch.arange(1.0, 8.0, dtype=torch.float64))
+    Z, share = geometry_stats.pca_shares(X, 3)
+    ev = torch.linalg.eigvalsh(torch.cov(X.T)).flip(0)
+    assert torch.allclose(share, (ev / ev.sum())[:3], atol=1e-12)
+    assert torch.allclose(Z.var(0), ev[:3], rtol=1e-10)  # the scores' variances are the eigenvalues
+
+
+def test_the_geometric_protocol_takes_the_pc_most_correlated_with_entropy():
+    g = torch.Generator().manual_seed(1)
+    H = torch.rand(500, generator=g, dtype=torch.float64)
+    X = torch.stack([5 * torch.randn(500, generator=g, dtype=torch.float64),  # PC1: noise
+                     2 * (H - 0.5), 0.01 * torch.randn(500, generator=g, dtype=torch.float64)], 1)  # PC2: H
+    r = geometry_stats.protocol_geometric(torch.cat([X, torch.zeros(500, 9, dtype=torch.float64)], 1), H)
+    assert r["which_pc"] == 2 and r["abs_corr"] > 0.999 and r["dim_90"] == 1  # PC1 alone holds > 90%
+    assert geometry_stats.protocol_geometric(torch.randn(500, 40, generator=g, dtype=torch.float64), H)["dim_90"] is None
+
+
+def test_repeating_one_sequence_leaves_the_qkv_protocols_pca_unchanged():
+    g = torch.Generator().manual_seed(2)
+    X, H = torch.randn(19, 16, generator=g, dtype=torch.float64), torch.log2(20 - torch.arange(19.0, dtype=torch.float64))
+    once, times = geometry_stats.protocol_qkv(X, H), geometry_stats.protocol_qkv(X.repeat(100, 1), H.repeat(100))
+    assert times["n_points"] == 1900 and times["n_distinct"] == 19
+    assert times["pc1_share"] == pytest.approx(once["pc1_share"], abs=1e-12)
+    assert times["abs_corr"] == pytest.approx(once["abs_corr"], abs=1e-12)
+
+
+def test_the_qkv_sequence_is_the_authors_and_the_jlens_batch_is_a_bijection():
+    task = make_task("bijection")  # generate_no_replacement_sequence(20, 19) as numpy 2 draws it
+    perm = [12, 19, 11, 6, 7, 9, 3, 10, 13, 5, 18, 14, 16, 2, 8, 4, 15, 17, 0, 1]
+    keys = [9, 17, 12, 4, 3, 7, 10, 2, 5, 6, 19, 1, 15, 14, 18, 8, 11, 0, 16]
+    assert geometry_stats.qkv_sequence(task)[0].tolist() == [t for k in keys for t in (k, 20 + perm[k])][:-1]
+    x = geometry_stats.jlens_tokens(task, 5)
+    assert x.shape == (5, task.seq_len) and torch.equal(x, geometry_stats.jlens_tokens(task, 5))
+    for row in x:  # distinct keys, and values that are one permutation's
+        assert len(set(row[0::2].tolist())) == task.L and len(set(row[1::2].tolist())) == task.L - 1
+        assert (row[1::2] >= task.V).all()
+
+
+def test_value_rows_read_the_value_positions_before_and_after_the_final_norm():
+    m, task = tiny_bijection()
+    before, after, H = geometry_stats.value_rows(m, task, 7, seed=3, draw=4)
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([task.sample(4, g).x, task.sample(3, g).x])
+    b, a = geometry_stats.final_streams(m, x)
+    assert torch.allclose(after, a[:, 1::2].reshape(-1, 16), atol=1e-5)  # float32, as the authors' arrays
+    assert torch.allclose(before, b[:, 1::2].reshape(-1, 16), atol=1e-5)
+    assert H[:task.L - 1].tolist() == pytest.approx([math.log2(task.V - i) for i in range(task.L - 1)])
+    assert next(m.parameters()).dtype == torch.float64  # the model itself is left in float64
+
+
+def test_jspace_grams_against_the_full_jacobian():
+    m, task = tiny_bijection()
+    x = geometry_stats.jlens_tokens(task, 2)
+    grams = geometry_stats.jspace_grams(m, x, task.n_classes, chunk=1)
+    bias = geometry_attention.attn_bias(m.config, x.shape[1], x.device)
+
+    def logits_from(h, first):  # the forward pass from the stream entering block `first`
+        for block in m.blocks[first:]:
+            h = block(h, None, None, None, bias)
+        return m.ln_f(h) @ m.wte.weight[task.answer_offset:task.answer_offset + task.n_classes].T
+
+    want = torch.zeros_like(grams)
+    for t in x[:, None]:
+        h0 = (m.wte(t) + m.wpe(torch.arange(t.shape[1]))).detach()  # the stream into block 0
+        for site, h in enumerate((h0, m.blocks[0](h0, None, None, None, bias).detach())):
+            J = torch.autograd.functional.jacobian(lambda h: logits_from(h, site), h)[0, :, :, 0]  # d out[p, v] / d h[i]
+            for i in range(x.shape[1]):
+                g = J[i + 1:, :, i].reshape(-1, h.shape[-1])  # every later p and every value logit
+                want[site, i] += g.T @ g
+    assert grams.abs().max() > 1e-3 and torch.allclose(grams, want, atol=1e-10)
+
+
+def test_a_frame_that_holds_every_jspace_gives_the_inverse_null_overlap():
+    m, task = tiny_bijection()
+    d = m.config.d_model
+    r = geometry_stats.frame_ratio(m, torch.eye(d, dtype=torch.float64), geometry_stats.jlens_tokens(task, 2),
+                                   task.n_classes, rank=4, n_null=50)
+    assert r["overlap"] == pytest.approx(1.0) and r["null_overlap"] == pytest.approx(1.0)  # the whole space
+    half = torch.eye(d, dtype=torch.float64)[:, : d // 2]
+    r = geometry_stats.frame_ratio(m, half, geometry_stats.jlens_tokens(task, 2), task.n_classes, rank=4, n_null=400)
+    assert r["null_overlap"] == pytest.approx(0.5, abs=0.03)  # a random 4-dim subspace: half its mass in half

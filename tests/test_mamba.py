@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench import SCAN_NAMES as NAMES, rel_err, run_scan, scan_inputs  # the comparison `bench.py gpu` runs on a GPU
+from hardware import SCAN_NAMES as NAMES, rel_err, run_scan, scan_inputs  # the comparison `bench.py gpu` runs on a GPU
 from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan, selective_scan_ref
 
 torch.set_num_threads(1)
@@ -408,7 +408,7 @@ def test_the_compiled_model_takes_new_lengths_without_compiling_each(monkeypatch
     # would unroll into a graph per length, and with a recompile limit of 2 the third length would fail compiling
     # (and the wrapper run eager). aot_eager traces the backward too, as inductor would, with no C++ compiler;
     # `bench.py gpu` runs this cell with inductor
-    import bench
+    import hardware
     monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="aot_eager"))
-    cell = bench.lengths_cell(SimpleNamespace(dry_run=True, device="cpu"), torch.device("cpu"))
+    cell = hardware.lengths_cell(SimpleNamespace(dry_run=True, device="cpu"), torch.device("cpu"))
     assert 0 < cell["graphs"] <= 2 * 4, cell  # the 4 pieces around the scan, compiled at most twice each

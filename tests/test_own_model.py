@@ -1,13 +1,24 @@
-"""Bring your own model: a new architecture is one file with the shared interface (a dataclass config with the
-I/O fields the task fills in, forward(x), num_params()) and one entry in presets.MODELS; train.py then trains it
-on every task, with its flags in --help, and reproduce.py sweeps it. The file is the README's example."""
-import importlib
+"""Bring your own model, as a user would: a model file in a folder of its own, outside the repository, which
+stays unedited; `train.py --model PATH.py:Class` trains it on every task it can take, resumes and evaluates it, and
+geometry.py's loader finds it again; `reproduce.py --models transformer,PATH.py:Class` sweeps it, writing n/a where it
+cannot take a task. A model that cannot take a task's inputs, and a spec that names no model, are one-line errors.
+The GRU is the README's example."""
 import json
+import os
+import subprocess
+import sys
 
+import pytest
+
+import checkpoints
 import presets
 import reproduce
 import train
 from cli import exit_code
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--V", "6", "--d_model", "16", "--n_layer", "1", "--max_iters", "2", "--batch_size", "8", "--log_interval",
+        "1", "--eval_interval", "2", "--eval_samples", "50", "--eval_samples_during", "50"]
 
 GRU_PY = '''"""A GRU for the wind tunnels: token embeddings (or a linear read-in of real inputs), stacked GRU
 layers, a head."""
@@ -48,41 +59,159 @@ class GRU(nn.Module):
         return self.head(h)
 '''
 
+CONV_PY = '''"""A causal convolution over token embeddings: tokens in, no real-valued inputs, no Gaussian head."""
+from dataclasses import dataclass
 
-def add_gru(tmp_path, monkeypatch):
-    (tmp_path / "gru.py").write_text(GRU_PY)
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class ConvConfig:
+    vocab_size: int = 0  # input tokens (filled in from the task)
+    n_classes: int = 2  # answer classes C (filled in from the task)
+    n_layer: int = 2  # convolution layers
+    d_model: int = 32  # channels
+    kernel: int = 4  # positions each layer sees: its own and kernel - 1 before it
+
+
+class Conv(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        c = self.config = config
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)
+        self.convs = nn.ModuleList(nn.Conv1d(c.d_model, c.d_model, c.kernel) for _ in range(c.n_layer))
+        self.head = nn.Linear(c.d_model, c.n_classes)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, x):
+        """x: (B, T) tokens -> (B, T, C) logits; padded on the left, so position t sees no later one."""
+        h = self.wte(x).transpose(1, 2)  # (B, d_model, T)
+        for conv in self.convs:
+            h = h + F.gelu(conv(F.pad(h, (conv.kernel_size[0] - 1, 0))))
+        return self.head(h.transpose(1, 2))  # (B, T, C)
+'''
+
+
+def model_file(folder, name, text):
+    (folder / f"{name}.py").write_text(text)
+    return str(folder / f"{name}.py")
+
+
+def run_train(*argv):
+    """(exit code, stderr) of train.py run from the checkout, as a user runs it."""
+    p = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True, text=True,
+                       env=os.environ | {"OMP_NUM_THREADS": "1"})
+    return p.returncode, p.stderr.strip()
+
+
+def test_a_model_file_trains_resumes_and_evaluates_from_an_unedited_checkout(tmp_path):
+    conv, out = model_file(tmp_path, "conv", CONV_PY), tmp_path / "run"
+    rc, err = run_train("--task", "bijection", "--model", f"{os.path.relpath(conv, ROOT)}:Conv", *TINY,
+                         "--out_dir", str(out))  # a relative path, as typed
+    assert rc == 0, err
+    r = json.load(open(out / "results.json"))
+    assert r["model"] == f"{conv}:Conv" and r["iters"] == 2  # recorded with its path made absolute
+    argv = ["--task", "bijection", "--model", f"{conv}:Conv", "--out_dir", str(out)]
+    assert exit_code(train.main, argv + ["--resume", "--max_iters", "4"]) == 0
+    assert json.load(open(out / "results.json"))["iters"] == 4
+    assert exit_code(train.main, argv + ["--eval_only"]) == 0
+    assert json.load(open(out / "eval.json"))["metrics"] == json.load(open(out / "results.json"))["metrics"]
+    model, task, state = checkpoints.load(str(out))  # geometry.py's loader
+    assert type(model).__name__ == "Conv" and state["iter"] == 4 and task.name == "bijection"
+
+
+def test_a_model_that_cannot_take_the_task_is_one_line_before_training(tmp_path):
+    conv = model_file(tmp_path, "conv", CONV_PY)
+    rc, err = run_train("--task", "regression", "--model", f"{conv}:Conv", "--out_dir", str(tmp_path / "run"))
+    assert rc == 2 and err == (f"train.py: error: {conv}:Conv cannot take regression's real-valued inputs: its "
+                               f"config has no n_features field"), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("spec, expect", [
+    ("{tmp}/gone.py:Conv", "train.py: error: --model {tmp}/gone.py:Conv: no file {tmp}/gone.py"),
+    ("{tmp}/conv.py:Cnv", "--model {tmp}/conv.py:Cnv: {tmp}/conv.py has no class Cnv"),
+    ("{tmp}/conv.py:ConvConfig", "ConvConfig is not an nn.Module"),
+    ("{tmp}/bare.py:Net", "no config: add a @dataclass named NetConfig to {tmp}/bare.py"),
+    ("{tmp}/bare.py:Counted", "Counted has no num_params() method"),
+    ("no_such_module:Conv", "--model no_such_module:Conv: no module named no_such_module"),
+    ("conv.py", "--model conv.py: not a model; give one of transformer, mamba"),
+])
+def test_a_spec_that_names_no_model_is_one_line(tmp_path, capsys, spec, expect):
+    model_file(tmp_path, "conv", CONV_PY)
+    model_file(tmp_path, "bare", "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def num_params(self):\n"
+                                 "        return 0\n\n\nclass Counted(nn.Module):\n    pass\n")
+    assert exit_code(train.main, ["--model", spec.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expect.format(tmp=tmp_path) in err, err
+
+
+def test_a_model_that_lacks_the_gaussian_head_is_refused_on_regression(tmp_path, capsys):
+    gru = model_file(tmp_path, "gru", GRU_PY.replace("    gaussian: bool = False  # real-valued prediction: Gaussian "
+                                                     "head\n", "").replace("2 if c.gaussian else c.n_classes",
+                                                                           "c.n_classes"))
+    assert exit_code(train.main, ["--task", "regression", "--model", f"{gru}:GRU", "--max_iters", "0",
+                                  "--out_dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip() == (f"train.py: error: {gru}:GRU cannot give regression's Gaussian "
+                                               "prediction: its config has no gaussian field")
+
+
+def test_a_model_from_an_importable_module(tmp_path, monkeypatch):
+    model_file(tmp_path, "byo_conv", CONV_PY)
     monkeypatch.syspath_prepend(str(tmp_path))
-    gru = importlib.import_module("gru")
-    monkeypatch.setitem(presets.MODELS, "gru", (gru.GRUConfig, gru.GRU))  # the one line outside the file
-    return gru
+    assert presets.model_spec("byo_conv:Conv") == "byo_conv:Conv"
+    assert exit_code(train.main, ["--task", "bijection", "--model", "byo_conv:Conv", *TINY,
+                                  "--out_dir", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "results.json").exists()
 
 
-def test_a_new_model_trains_evaluates_and_has_its_flags(tmp_path, monkeypatch, capsys):
-    add_gru(tmp_path, monkeypatch)
-    out = tmp_path / "run"
-    argv = ["--task", "bijection", "--model", "gru", "--V", "6", "--d_model", "16", "--n_layer", "1",
+def test_a_new_model_trains_evaluates_and_has_its_flags(tmp_path, capsys):
+    spec, out = f"{model_file(tmp_path, 'gru', GRU_PY)}:GRU", tmp_path / "run"
+    argv = ["--task", "bijection", "--model", spec, "--V", "6", "--d_model", "16", "--n_layer", "1",
             "--max_iters", "4", "--batch_size", "8", "--log_interval", "2", "--eval_interval", "2",
             "--eval_samples", "20", "--eval_samples_during", "10", "--out_dir", str(out)]
     assert exit_code(train.main, argv) == 0
     r = json.load(open(out / "results.json"))
-    assert r["model"] == "gru" and r["iters"] == 4 and r["model_config"]["d_model"] == 16
-    assert r["n_params"] == sum(p.numel() for p in presets.MODELS["gru"][1](presets.MODELS["gru"][0](
-        **r["model_config"])).parameters())
-    assert exit_code(train.main, ["--task", "bijection", "--model", "gru", "--eval_only", "--out_dir", str(out)]) == 0
-    assert json.load(open(out / "eval.json"))["metrics"] == r["metrics"]  # the same held-out sequences
+    assert r["model"] == spec and r["iters"] == 4 and r["model_config"]["d_model"] == 16
+    Config, Model = presets.resolve_model(spec)
+    assert r["n_params"] == sum(p.numel() for p in Model(Config(**r["model_config"])).parameters())
     capsys.readouterr()
-    assert exit_code(train.main, ["--model", "gru", "--help"]) == 0
+    assert exit_code(train.main, ["--model", spec, "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "model gru: --block_size BLOCK_SIZE" in text and "--n_layer N_LAYER stacked GRU layers (default 2)" in text
+    assert f"model {spec}: --block_size BLOCK_SIZE" in text and "--n_layer N_LAYER stacked GRU layers (default 2)" in text
 
 
-def test_reproduce_sweeps_a_new_model_on_every_task(tmp_path, monkeypatch):
-    add_gru(tmp_path, monkeypatch)
+def test_reproduce_sweeps_a_new_model_on_every_task(tmp_path):
+    spec = f"{model_file(tmp_path, 'gru', GRU_PY)}:GRU"
     out, res = tmp_path / "out", tmp_path / "results"
-    argv = ["--preset", "tiny", "--models", "gru", "--out", str(out), "--results", str(res)]
+    argv = ["--preset", "tiny", "--models", spec, "--out", str(out), "--results", str(res)]
     assert exit_code(reproduce.main, argv) == 0
     table = (res / "table.md").read_text()
     for task in reproduce.TASK_ORDER:
-        r = json.load(open(out / "tiny" / f"{task}_gru" / "results.json"))
+        r = json.load(open(out / "tiny" / f"{task}_GRU" / "results.json"))
         assert r["iters"] == 4 and r["model_config"]["d_model"] == 16  # the tiny sizes it has
-        assert f"| gru | {r['n_params']:,} | {r['metrics']['default']['mae_curve']:.4f} |" in table
+        assert f"| GRU | {r['n_params']:,} | {r['metrics']['default']['mae_curve']:.4f} |" in table
+
+
+def test_reproduce_writes_n_a_where_a_model_cannot_take_the_task(tmp_path, capsys):
+    conv = model_file(tmp_path, "conv", CONV_PY)
+    out, res = tmp_path / "out", tmp_path / "results"
+    argv = ["--preset", "tiny", "--tasks", "bijection,regression", "--models", f"transformer,{conv}:Conv",
+            "--out", str(out), "--results", str(res)]
+    assert exit_code(reproduce.main, argv) == 0
+    said, table = capsys.readouterr().out, (res / "table.md").read_text()
+    assert "4 cells, preset tiny: 0 finished before (skipped), 3 to run, 1 n/a" in said
+    why = f"{conv}:Conv cannot take regression's real-valued inputs: its config has no n_features field"
+    assert f"regression x Conv: n/a, {why}." in said and f"regression x Conv: n/a, {why}." in table
+    regression = table[table.index("## regression"):]
+    assert "| Conv | n/a |" in regression and "| transformer | " in regression
+    assert sorted(os.listdir(out / "tiny")) == ["bijection_Conv", "bijection_transformer", "regression_transformer"]
+    r = json.load(open(out / "tiny" / "bijection_Conv" / "results.json"))
+    assert r["model"] == f"{conv}:Conv" and f"| Conv | {r['n_params']:,} |" in table
+    assert exit_code(reproduce.main, argv[:5] + [f"transformer,{tmp_path / 'gone.py'}:Conv"] + argv[6:]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--models {tmp_path / 'gone.py'}:Conv: no file "
+                                                    f"{tmp_path / 'gone.py'}")

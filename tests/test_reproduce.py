@@ -220,7 +220,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_table_written_before(tmp_path, mo
     def full(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", full)  # runtime.write_file's rename: the new table never lands
+    monkeypatch.setattr(os, "replace", full)  # checkpoints.write_file's rename: the new table never lands
     capsys.readouterr()
     assert run(argv) == 1
     err = capsys.readouterr().err

@@ -1,6 +1,7 @@
-"""runtime.py: the faults of a run (Ctrl-C, out of memory, a full disk, divergence) and its messages, one line
-each, saying what was kept; files written whole; checkpoints that cannot be read; and which modules may import
-what: the model files nothing of the project, the scripts their plumbing from runtime.py, not train.py."""
+"""runtime.py and checkpoints.py: the faults of a run (Ctrl-C, out of memory, a full disk, divergence) and its
+messages, one line each, saying what was kept; files written whole; checkpoints that cannot be read; and which
+modules may import what: the model files nothing of the project, the scripts their plumbing from runtime.py and
+checkpoints.py, not train.py."""
 import ast
 from functools import partial
 import json
@@ -13,6 +14,7 @@ import sys
 import pytest
 import torch
 
+import checkpoints
 import runtime
 import tasks
 import train
@@ -22,7 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--d_model", "16",
         "--batch_size", "16", "--log_interval", "5", "--eval_samples", "50", "--eval_samples_during", "50"]
 MODEL_FILES = ("transformer.py", "mamba.py", "lstm.py", "mlp.py", "linear_attn.py")
-SCRIPTS = ("train.py", "geometry.py", "conditioning.py", "bench.py", "reproduce.py")
+SCRIPTS = ("train.py", "geometry.py", "geometry_attention.py", "conditioning.py", "bench.py", "hardware.py",
+           "reproduce.py", "time_to_target.py")
+PLUMBING = ("runtime.py", "checkpoints.py")
 
 
 run_main = partial(exit_code, train.main)
@@ -44,6 +48,20 @@ def test_a_model_file_imports_only_torch_einops_and_the_standard_library(path):
     assert not found & project, found & project
 
 
+def test_no_file_imports_one_that_imports_it_back():
+    """The top level imports downwards only: following the project's imports from any file never comes back to it."""
+    project = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
+    below = {m: imports(m + ".py") & project for m in project}
+    for m in project:
+        seen, todo = set(), list(below[m])
+        while todo:
+            n = todo.pop()
+            assert n != m, f"{m}.py imports a file that imports it back"
+            if n not in seen:
+                seen.add(n)
+                todo += below[n]
+
+
 def test_the_import_check_sees_a_project_import(tmp_path):
     (tmp_path / "m.py").write_text("import math\nfrom torch import nn\nif True:\n    from tasks import make_task\n")
     assert imports(str(tmp_path / "m.py")) == {"math", "torch", "tasks"}
@@ -52,7 +70,7 @@ def test_the_import_check_sees_a_project_import(tmp_path):
 @pytest.mark.parametrize("path", SCRIPTS)
 def test_no_script_takes_its_plumbing_from_train_py(path):
     tree = ast.parse(open(os.path.join(ROOT, path)).read())
-    plumbing = {n.name for n in ast.parse(open(os.path.join(ROOT, "runtime.py")).read()).body
+    plumbing = {n.name for f in PLUMBING for n in ast.parse(open(os.path.join(ROOT, f)).read()).body
                 if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
             and n.value.id == "train"} | \
@@ -62,12 +80,12 @@ def test_no_script_takes_its_plumbing_from_train_py(path):
 
 
 def test_print0_speaks_on_rank_0_only(monkeypatch, capsys):
-    runtime.print0("alone")
-    monkeypatch.setattr(runtime.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 1)
-    runtime.print0("rank 1")
-    monkeypatch.setattr(runtime.dist, "get_rank", lambda: 0)
-    runtime.print0("rank 0", file=sys.stderr)
+    checkpoints.print0("alone")
+    monkeypatch.setattr(checkpoints.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(checkpoints.dist, "get_rank", lambda: 1)
+    checkpoints.print0("rank 1")
+    monkeypatch.setattr(checkpoints.dist, "get_rank", lambda: 0)
+    checkpoints.print0("rank 0", file=sys.stderr)
     out = capsys.readouterr()
     assert out.out == "alone\n" and out.err == "rank 0\n"
 
@@ -138,14 +156,14 @@ def test_diverging_run_names_a_last_good_checkpoint_that_exists(tmp_path, capsys
 
 def test_write_file_keeps_the_old_file_when_a_write_fails(tmp_path):
     path = str(tmp_path / "r.json")
-    runtime.write_json(path, {"a": 1})
+    checkpoints.write_json(path, {"a": 1})
 
     def half(tmp):
         open(tmp, "w").write('{"a": ')
         raise OSError(28, "No space left on device")
 
     with pytest.raises(OSError, match="No space left on device") as e:
-        runtime.write_file(path, half)
+        checkpoints.write_file(path, half)
     assert e.value.filename == path  # named in the one-line report
     assert json.load(open(path)) == {"a": 1} and os.listdir(tmp_path) == ["r.json"]
 
@@ -294,14 +312,14 @@ def test_an_empty_lock_is_held_by_a_run_writing_its_pid_not_taken_over(tmp_path,
                                      "iostream error"])
 def test_torch_saves_full_disk_messages_are_os_errors_naming_the_file(tmp_path, message):
     path = str(tmp_path / "ckpt.pt")
-    runtime.save_checkpoint(path, {"a": 1})
+    checkpoints.save_checkpoint(path, {"a": 1})
 
     def full(tmp):
         open(tmp, "wb").write(b"partial")
         raise RuntimeError(message)
 
     with pytest.raises(OSError) as e:
-        runtime.write_file(path, full)
+        checkpoints.write_file(path, full)
     assert e.value.filename == path and e.value.strerror == message  # guarded() reports it in one line, exit 2
     assert torch.load(path, weights_only=True) == {"a": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
 
@@ -320,9 +338,9 @@ def test_a_lock_this_process_or_its_parent_holds_is_handed_over(tmp_path):
     """reproduce.py locks a cell before it writes the cell's log, then starts train.py (a child, or in-process)."""
     for owner in (os.getpid(), os.getppid()):
         (tmp_path / ".lock").write_text(f"{owner}\n")
-        assert runtime.lock_out_dir(str(tmp_path)) == str(tmp_path / ".lock")
+        assert checkpoints.lock_out_dir(str(tmp_path)) == str(tmp_path / ".lock")
         assert (tmp_path / ".lock").read_text() == f"{os.getpid()}\n" and os.listdir(tmp_path) == [".lock"]
-        runtime.unlock_out_dir(str(tmp_path / ".lock"))
+        checkpoints.unlock_out_dir(str(tmp_path / ".lock"))
         assert os.listdir(tmp_path) == []
 
 

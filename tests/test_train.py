@@ -249,7 +249,8 @@ def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp
 
 @pytest.mark.parametrize("argv, expect", [
     (["--task", "nope"], "invalid choice: 'nope' (choose from 'bijection', 'hmm', 'regression', 'recall', 'hop')"),
-    (["--model", "rnn"], "invalid choice: 'rnn'"),
+    (["--model", "rnn"], "--model rnn: not a model; give one of transformer, mamba, lstm, mlp, linear_attn, "
+                         "PATH.py:Class or module:Class"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
     (["--lrr", "1"], "did you mean --lr"),
     (["--max_iter", "5"], "did you mean --max_iters"),

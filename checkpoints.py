@@ -1,0 +1,255 @@
+"""
+A run's files: what a checkpoint holds and how a run resumes from it, files written whole, and the rules and
+the lock of a run's folder. Every script that writes goes through here; the devices, data-parallel and fault
+plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manager.py apart from common.py so).
+
+- checkpoints hold tensors and plain values only, so they load with weights_only=True (checkpoint, resume);
+  load_checkpoint renames the fields of older checkpoints (n_embd -> d_model) so that they still load; load
+  gives a run's model (float64, eval mode) and task for analysis, build_model its initialisation too;
+- every file is written beside its name and renamed over it (write_file): a crash mid-write leaves the old
+  file whole, and torch.save on a full disk (DISK_FULL) is an OSError naming the file;
+- a new run refuses a folder that holds another (run_files); a run locks its folder for its lifetime
+  (lock_out_dir), and --overwrite sets the old run aside until the new one has saved (set_aside, settle_aside);
+- print0: only rank 0 speaks for a run; it is here, below runtime.py, since a lock taken over says so in a line.
+"""
+import builtins
+from contextlib import suppress
+import errno
+import glob
+import json
+import os
+import re
+import shutil
+
+import torch
+import torch.distributed as dist
+
+from presets import resolve_model
+from tasks import make_task
+
+# torch.save's errors on a full or failing disk: "failed writing file", "unexpected pos N vs M", "iostream error"
+DISK_FULL = r"writ|unexpected pos|iostream error"
+RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
+
+
+def print0(*args, **kwargs):
+    """print on rank 0 only: it speaks for the run (every process alone is rank 0)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        builtins.print(*args, **kwargs)
+
+# -----------------------------------------------------------------------------
+# checkpoints: what ckpt.pt holds, and a run resumed from it
+
+
+def save_checkpoint(path, state):
+    write_file(path, lambda tmp: torch.save(state, tmp))
+
+
+def checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed, history):
+    """What ckpt.pt holds (tensors and plain values, so it loads with weights_only=True): all resume() needs."""
+    return dict(model=model.state_dict(), optimizer=opt.state_dict(), gen_state=batches.state(it),
+                **rng_state(device), iter=it, elapsed=elapsed, history=history, config=cfg, model_config=model_config)
+
+
+def load_checkpoint(path):
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {path} (train first, or pass the run's --out_dir)")
+    # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
+    bad = ValueError(f"{path}: not a readable train.py checkpoint (truncated or corrupt?)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        raise bad from None
+    if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
+        raise bad
+    for d in (state["model_config"], state["config"].get("model_opts", {})):  # checkpoints from before d_model
+        if "n_embd" in d:
+            d["d_model"] = d.pop("n_embd")
+        d.pop("init_std", None)
+    return state
+
+
+def rng_state(device):
+    """The global generators a resumed run continues: dropout draws from the device's (the batches have their own)."""
+    return dict(torch_rng=torch.get_rng_state()) | (
+        dict(cuda_rng=torch.cuda.get_rng_state(device)) if device.type == "cuda" else {})
+
+
+def set_rng_state(state, device):
+    torch.set_rng_state(state["torch_rng"])
+    if device.type == "cuda" and "cuda_rng" in state:  # absent when the run was on a CPU before
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+
+
+def resume(state, model, opt, batches, device, train):
+    """(step, elapsed time, history) of a new run, or of a checkpoint, with its model, optimizer and RNGs."""
+    if state is None:
+        return 0, 0.0, []
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    set_rng_state(state, device)
+    try:
+        batches.gen.set_state(state["gen_state"])
+    except (RuntimeError, ValueError):  # a generator state from another kind of device (a GPU run resumed on a CPU)
+        print0("the checkpoint's batch generator was on another device: reseeding, the batches will differ "
+               "from an uninterrupted run's")
+        batches.gen.manual_seed(train["seed"] + state["iter"])
+    return state["iter"], state["elapsed"], state["history"]
+
+# -----------------------------------------------------------------------------
+# a run's checkpoint as a model to analyse (geometry.py): float64, in eval mode
+
+
+def ckpt_path(path):
+    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+
+
+def build_model(state, trained=True):
+    """The checkpoint's model, or (trained=False) the run's initialisation, in float64 eval mode."""
+    if not trained:  # train.py seeds the global RNG with --seed, then builds the model
+        torch.manual_seed(state["config"]["train"]["seed"])
+    Config, Model = resolve_model(state["config"]["model"])  # a built-in name, or the class's file
+    model = Model(Config(**state["model_config"]))
+    if trained:
+        model.load_state_dict(state["model"])
+    return model.double().eval()
+
+
+def load(path):
+    """(model, task, state) from a run's out_dir or a checkpoint file."""
+    state = load_checkpoint(ckpt_path(path))
+    try:
+        return build_model(state), make_task(state["config"]["task"], **state["config"]["task_opts"]), state
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"{ckpt_path(path)} is not a train.py checkpoint ({type(e).__name__}: {str(e)[:80]})") \
+            from None
+
+
+# -----------------------------------------------------------------------------
+# files: every write goes through a temporary name, so a crash mid-write leaves the old file whole
+
+
+def write_file(path, write):
+    """write(tmp) beside path, then rename it over path; a failure removes tmp and names path."""
+    tmp = path + ".tmp"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, RuntimeError) and re.search(DISK_FULL, str(e)):  # torch.save's writer on a full disk
+            e = OSError(errno.EIO, str(e).splitlines()[0])
+        if isinstance(e, OSError) and not e.filename:  # the one-line report names the file
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
+
+
+def write_text(path, text):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    write_file(path, write)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=1))
+
+# -----------------------------------------------------------------------------
+# a run's folder: whether it may be written, the run it holds, and the lock of the run writing it
+
+
+def check_out_dir(path, flag="--out_dir"):
+    """Before any work: say in one line why files cannot be written under path (creates nothing)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):  # the folder that would hold the new ones
+        p = os.path.dirname(p)
+    if not os.path.isdir(p) or not os.access(p, os.W_OK | os.X_OK):
+        what = "a file" if os.path.isfile(p) else "not writable"
+        raise ValueError(f"{flag} {path}: cannot write there ({p} is {what})")
+
+
+def run_files(out_dir):
+    """What a run writes to its folder: another run there would mix with it."""
+    names = [os.path.join(out_dir, f) for f in RUN_FILES]
+    return [p for p in names if os.path.exists(p)] + sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
+
+
+def run_tmp_files(out_dir):
+    """The temporary files a killed write of a run leaves (not another script's, e.g. geometry.py's)."""
+    names = [os.path.join(out_dir, f + ".tmp") for f in RUN_FILES]
+    return [p for p in names if os.path.exists(p)] + glob.glob(os.path.join(out_dir, "ckpt_*.pt.tmp"))
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def lock_out_dir(out_dir):
+    """Take <out_dir>/.lock, holding this process's pid, for the run's lifetime: a second run into the folder is
+    refused at once, naming the owner; a lock whose pid is gone (kill -9) is taken over, and so is one that this
+    process or its parent holds (reproduce.py locks a cell before writing its log, then starts train.py). -> its
+    path."""
+    path = os.path.join(out_dir, ".lock")
+    for attempt in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    owner = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                owner = 0
+            if owner in (os.getpid(), os.getppid()):  # handed over: now this process's, should the parent die
+                with open(f"{path}.{os.getpid()}", "w") as f:
+                    f.write(f"{os.getpid()}\n")
+                os.replace(f"{path}.{os.getpid()}", path)
+                return path
+            if not owner or pid_alive(owner) or attempt:  # empty: its owner is writing its pid right now
+                raise ValueError(f"{out_dir} is in use by another run (pid {owner or 'unknown'}, lock {path}): "
+                                 f"wait for it to end, or use another --out_dir") from None
+            print0(f"{path}: taking over the lock of pid {owner or 'unknown'}, which is no longer running")
+            with suppress(FileNotFoundError):
+                os.remove(path)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return path
+
+
+def unlock_out_dir(path):
+    """Remove the lock if it is still this process's."""
+    with suppress(OSError, ValueError):
+        with open(path) as f:
+            if int(f.read().strip()) == os.getpid():
+                os.remove(path)
+
+
+def set_aside(out_dir):
+    """--overwrite: the old run's files go to <out_dir>/.replaced, kept until the new run has saved ckpt.pt."""
+    aside = os.path.join(out_dir, ".replaced")
+    os.makedirs(aside, exist_ok=True)
+    for f in run_files(out_dir):
+        os.replace(f, os.path.join(aside, os.path.basename(f)))
+
+
+def settle_aside(out_dir, keep_new):
+    """Delete the old run set aside (keep_new: the new run saved a checkpoint or finished), or put it back in
+    place of the new run's files (it ended before its first checkpoint). Nothing set aside: nothing to do."""
+    aside = os.path.join(out_dir, ".replaced")
+    if not os.path.isdir(aside):
+        return False
+    if not keep_new:
+        for f in run_files(out_dir):
+            os.remove(f)
+        for f in os.listdir(aside):
+            os.replace(os.path.join(aside, f), os.path.join(out_dir, f))
+    shutil.rmtree(aside)
+    return not keep_new
