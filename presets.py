@@ -513,9 +513,9 @@ def parse_stop(spec, task):
         x = float(m.group(3)) if m else None
     except ValueError:
         x = None
-    if x is None:
+    if x is None or not math.isfinite(x):  # 1e400 parses to inf: a bound no evaluation reaches
         raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
-                         "mae_curve, mae_token, kl, accuracy")
+                         "mae_curve, mae_token, kl, accuracy and X a finite number")
     name, op = m.group(1), m.group(2)
     if name == "accuracy" and task.gaussian:
         raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
