@@ -1,7 +1,8 @@
 """Hostile input, and what the scripts do with it (issue 44): every bad value, file, environment or signal ends
 in one line naming what to change, exit code 2 (usage) or 1 (a fault), with no traceback and the files written
-before kept whole. A defect whose fix lies in a file being split elsewhere is an xfail(strict=True) here, with the
-fix in its reason, until the split lands."""
+before kept whole. A defect whose fix lies in a script that phase 1 of the issue left alone (runtime, checkpoints,
+hardware, geometry, conditioning, bench, reproduce, time_to_target) is an xfail(strict=True) test here, the fix in
+its reason: applying the fix turns it into an XPASS, which fails the suite until the mark is dropped."""
 from functools import partial
 import json
 import os
@@ -95,6 +96,14 @@ def test_bad_settings_are_one_line(capsys, argv, want):
     one_line(capsys, want)
 
 
+def test_stop_at_refuses_a_bound_that_overflows_to_infinity(capsys):
+    # float("1e400") is inf: accepted, the run could never stop early (while mae_curve<=inf was refused)
+    with pytest.raises(ValueError, match="X a finite number"):
+        presets.parse_stop("accuracy>=1e400", tasks.make_task("recall"))
+    assert run_main(["--stop_at", "accuracy>=1e400"] + NOWHERE) == 2
+    one_line(capsys, "--stop_at 'accuracy>=1e400'")
+
+
 def test_a_curriculum_longer_than_the_run_is_said(capsys):
     cfg = presets.build_config("regression", "transformer", "quick", dict(curriculum_iters=100, max_iters=4))
     presets.check_train(cfg["train"])  # train.py's, as the run starts
@@ -126,8 +135,8 @@ def test_resume_below_the_checkpoints_step_is_refused(tmp_path, capsys):
 
 
 # -----------------------------------------------------------------------------
-# defects in the files being split (runtime.py, train.py, geometry.py, conditioning.py, bench.py, reproduce.py):
-# each test fails now (xfail, strict) and passes once the fix in its reason is applied; then drop the mark
+# defects in the scripts phase 1 left alone: each test fails now (xfail, strict) and passes once the fix in its
+# reason is applied; then drop the mark
 
 import errno
 import subprocess
@@ -135,8 +144,10 @@ import sys
 import time
 
 import bench
+import checkpoints
 import conditioning
 import geometry
+import hardware
 import reproduce
 import runtime
 
@@ -155,7 +166,7 @@ def fault_line(capsys, want):
     assert len(err.splitlines()) == 1 and want in err and "kept" in err and "Traceback" not in err, err
 
 
-@xfail("runtime.py lock_out_dir: a lock that is empty (its owner killed between creating it and writing its pid) "
+@xfail("checkpoints.py lock_out_dir: a lock that is empty (its owner killed between creating it and writing its pid) "
        "blocks its folder for good. Fix: create the lock whole (write the pid to .lock.<pid>, then os.link it to "
        ".lock, FileExistsError if taken), so an empty .lock is never a live run's; or take over an empty lock whose "
        "mtime is over 10 s old, like a dead pid's: 'taking over the empty lock of a run killed before it wrote its pid'")
@@ -164,9 +175,9 @@ def test_an_empty_lock_left_by_a_killed_run_is_taken_over(tmp_path):
     lock.write_text("")
     old = time.time() - 60
     os.utime(lock, (old, old))
-    assert runtime.lock_out_dir(str(tmp_path)) == str(lock)
+    assert checkpoints.lock_out_dir(str(tmp_path)) == str(lock)
     assert lock.read_text().strip() == str(os.getpid())
-    runtime.unlock_out_dir(str(lock))
+    checkpoints.unlock_out_dir(str(lock))
 
 
 @pytest.mark.parametrize("env, name", [(dict(WORLD_SIZE="abc"), "WORLD_SIZE"),
@@ -182,7 +193,7 @@ def test_garbage_in_the_torchrun_environment_is_named(monkeypatch, capsys, tmp_p
     one_line(capsys, name)
 
 
-@xfail("runtime.py write_file: a failed write names the temporary file (geometry.py: '.../geometry_keys.json.tmp: "
+@xfail("checkpoints.py write_file: a failed write names the temporary file (geometry.py: '.../geometry_keys.json.tmp: "
        "Read-only file system'). Fix: where e.filename is tmp, raise OSError(e.errno, e.strerror, path) as for a "
        "missing filename")
 def test_a_failed_write_names_the_file_not_its_temporary(tmp_path):
@@ -191,11 +202,11 @@ def test_a_failed_write_names_the_file_not_its_temporary(tmp_path):
     def read_only(tmp):
         raise OSError(errno.EROFS, "Read-only file system", tmp)
     with pytest.raises(OSError) as e:
-        runtime.write_file(path, read_only)
+        checkpoints.write_file(path, read_only)
     assert e.value.filename == path
 
 
-@xfail("runtime.py write_file: every writer of a file uses the same temporary name path + '.tmp', so two processes "
+@xfail("checkpoints.py write_file: every writer of a file uses the same temporary name path + '.tmp', so two processes "
        "writing one file (two geometry.py, or a sweep and its rebuild, on one folder) write into one inode and the "
        "renamed file can hold both. Fix: a temporary name of its own per writer (tempfile.mkstemp(dir=the folder, "
        "prefix=name + '.', suffix='.tmp')), and run_tmp_files globbing those names")
@@ -206,22 +217,14 @@ def test_two_writers_of_one_file_leave_it_whole(tmp_path):
         with open(tmp, "w") as f:
             f.write('{"who": "outer", "pad": "' + "x" * 100)
             f.flush()
-            runtime.write_text(path, '{"who": "inner"}')
+            checkpoints.write_text(path, '{"who": "inner"}')
             f.write('"}')
     try:
-        runtime.write_file(path, outer)
+        checkpoints.write_file(path, outer)
     except OSError:  # now: its temporary file was renamed away by the other writer
         pass
     with open(path) as f:
         json.load(f)  # whole: one writer's or the other's
-
-
-@xfail("train.py parse_stop: float('1e400') is inf, accepted, and a run with --stop_at accuracy>=1e400 never stops "
-       "(while mae_curve<=inf is refused). Fix: after parsing, `if x is not None and not math.isfinite(x): x = None`, "
-       "which gives the usual one line: --stop_at 'accuracy>=1e400': expected METRIC<=X or METRIC>=X ... (X finite)")
-def test_stop_at_refuses_a_bound_that_overflows_to_infinity():
-    with pytest.raises(ValueError, match="--stop_at"):
-        train.parse_stop("accuracy>=1e400", tasks.make_task("recall"))
 
 
 def geometry_run(path, layers):
@@ -254,17 +257,17 @@ def test_seeds_out_a_file_is_one_line(tmp_path, capsys):
     one_line(capsys, "--out")
 
 
-@xfail("geometry.py seeds/spread: per-layer figures of runs of different depths are cut to the shallowest by zip, "
+@xfail("geometry.py spread: per-layer figures of runs of different depths are cut to the shallowest by zip, "
        "silently (mean, min and max over the first layers only). Fix: in spread(), lists of different lengths raise "
-       "ValueError; seeds() turns it into p.exit(2, f'geometry.py seeds: error: {figure}: the runs have {a} and {b} "
-       "layers; seeds of one recipe only')")
+       "ValueError(f'the runs have {a} and {b} layers; seeds of one recipe only'), which seeds() turns, around "
+       "claims(), into p.exit(2, f'geometry.py seeds: error: {e}')")
 def test_seeds_of_different_depths_are_refused(tmp_path, capsys):
     a, b = geometry_run(tmp_path / "a", 1), geometry_run(tmp_path / "b", 2)
     assert exit_code(geometry.main, ["seeds", a, b, "--out", str(tmp_path / "out")]) == 2
     one_line(capsys, "layers")
 
 
-@xfail("geometry.py dynamics: a ckpt_*.pt of another run in the folder (another task, model or size) is loaded as "
+@xfail("geometry_attention.py dynamics: a ckpt_*.pt of another run in the folder (another task, model or size) is loaded as "
        "a snapshot and fails deep in the metrics (RuntimeError: The size of tensor a (6) must match ... traceback). "
        "Fix: in dynamics(), each snapshot's config task, task_opts, model and model_config must equal the "
        "checkpoint's, else ValueError(f'{path} is not a snapshot of {ckpt} (another run: {model} on {task}); move it "
@@ -327,17 +330,18 @@ def test_conditioning_summary_of_a_foreign_json_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["matmul", "--n", "8", "--reps", "1", "--threads", "1"],
                                   ["train", "--task", "recall", "--models", "mlp", "--sizes", "quick"]])
-@xfail("bench.py: write_json of --json (bench_matmul, bench_train, bench_gpu) is outside any handler: a full or "
+@xfail("bench.py and hardware.py: write_json of --json (bench_train; hardware's bench_matmul, bench_gpu) is outside any handler: a full or "
        "read-only disk ends in an OSError traceback after the work. Fix: in main(), around COMMANDS[...](...): "
        "except OSError as e: print(f'{p.prog}: error: {e.filename}: {e.strerror}; the table above is the run's "
        "(nothing else was kept)', file=sys.stderr); return 1")
 def test_bench_on_a_full_disk_is_one_line(monkeypatch, tmp_path, capsys, argv):
     def full(path, obj):
         raise OSError(errno.ENOSPC, "No space left on device", path)
-    monkeypatch.setattr(runtime, "write_json", full)
-    monkeypatch.setattr(bench, "machine", lambda *a, **k: dict(matmul_gflops=1.0))
-    monkeypatch.setattr(bench, "describe", lambda m: "a CPU")
-    monkeypatch.setattr(bench, "matmul_peak", lambda *a: 1e9)
+    monkeypatch.setattr(checkpoints, "write_json", full)
+    for module in (bench, hardware):
+        monkeypatch.setattr(module, "machine", lambda *a, **k: dict(matmul_gflops=1.0))
+        monkeypatch.setattr(module, "describe", lambda m: "a CPU")
+        monkeypatch.setattr(module, "matmul_peak", lambda *a: 1e9)
     monkeypatch.setattr(bench, "in_fresh_process", lambda *a, **k: (dict(matmul_peak=1e9), None))
     monkeypatch.setattr(bench, "row", lambda m: "a row")
     path = str(tmp_path / "b.json")
@@ -346,7 +350,7 @@ def test_bench_on_a_full_disk_is_one_line(monkeypatch, tmp_path, capsys, argv):
 
 
 @xfail("bench.py: --threads is not bounded: torch.set_num_threads(100000) segfaults (exit 139, no line). Fix: in "
-       "bench_matmul, parse_kernel_args, bench_train and bench_gpu, refuse --threads above os.cpu_count() with the "
+       "hardware.py's bench_matmul and bench_gpu, bench.py's parse_kernel_args and bench_train, refuse --threads above os.cpu_count() with the "
        "other range checks (p.error: '--threads must be in [1, N], this machine's CPUs')")
 def test_bench_refuses_more_threads_than_cpus():
     p = subprocess.run([sys.executable, "bench.py", "matmul", "--n", "8", "--reps", "1", "--threads", "100000"],
@@ -354,8 +358,8 @@ def test_bench_refuses_more_threads_than_cpus():
     assert p.returncode == 2 and "--threads" in p.stderr, (p.returncode, p.stderr[-300:])
 
 
-@xfail("reproduce.py time_to_target: write_text and write_json of its table run outside any OSError handler (main "
-       "returns time_to_target() before its try): a full or read-only disk ends in a traceback. Fix: in main(), "
+@xfail("time_to_target.py time_to_target: write_text and write_json of its table run outside any OSError handler "
+       "(reproduce.py's main returns time_to_target() before its try): a full or read-only disk ends in a traceback. Fix: in main(), "
        "`try: return time_to_target(argv[1:]) except OSError as e:` one line as sweep's ('reproduce.py: error: "
        "{file}: {strerror}; the runs are kept with their checkpoints'), return 1")
 def test_time_to_target_on_a_full_disk_is_one_line(monkeypatch, tmp_path, capsys):
@@ -367,7 +371,7 @@ def test_time_to_target_on_a_full_disk_is_one_line(monkeypatch, tmp_path, capsys
 
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", path)
-    monkeypatch.setattr(runtime, "write_text", full)
+    monkeypatch.setattr(checkpoints, "write_text", full)
     argv = ["time_to_target", "--tasks", "recall", "--from_runs", str(tmp_path / "runs"), "--results", str(tmp_path)]
     assert exit_code(reproduce.main, argv) == 1
     fault_line(capsys, "time_to_target_from_runs.md")
