@@ -289,6 +289,8 @@ class LinearAttention(nn.Module):
         if not 0 < c.decay <= 1 or c.decay != 1 and c.rule != "hebbian":
             raise ValueError(f"linear_attn: decay must be in (0, 1], for the hebbian rule only; "
                              f"got {c.decay}, {c.rule}")
+        if not c.learn_beta and c.rule == "hebbian" and not 0 < c.beta < math.inf:  # NaN too
+            raise ValueError(f"linear_attn: beta must be a finite number > 0, got {c.beta}")
         if not c.learn_beta and c.rule != "hebbian" and not 0 < c.beta <= 1:
             raise ValueError(f"linear_attn: the {c.rule} rule needs beta in (0, 1] (beyond 1 it overshoots), "
                              f"got {c.beta}")

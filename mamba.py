@@ -189,7 +189,7 @@ class MambaMixer(nn.Module):
     def forward(self, x, record=None):
         L = x.shape[1]
         x, z = rearrange(self.in_proj(x), "b l d -> b d l").chunk(2, dim=1)  # (B, d_in, L) each
-        x = F.silu(self.conv1d(x)[..., :L])
+        x = F.silu(causal_conv(x, self.conv1d))
         dt, B, C = self.x_proj(rearrange(x, "b d l -> b l d")).split([self.dt_rank, self.d_state, self.d_state], -1)
         # Δ = softplus(dt_proj(dt)): the bias and the softplus are applied inside the scan, in float32 (as
         # the official kernel does), so that under bf16 autocast Δ is not rounded before the exponential
@@ -205,6 +205,20 @@ class MambaMixer(nn.Module):
         if record is not None:
             record.update(delta=F.softplus(delta + self.dt_proj.bias[:, None]).transpose(1, 2), B=B, C=C)
         return self.out_proj(rearrange(y, "b d l -> b l d"))
+
+
+def causal_conv(x, conv):
+    """The depthwise conv (padded by d_conv - 1 on both sides) on x (b, d, l), its first l outputs: output t sees
+    inputs t - d_conv + 1 .. t only. Under torch.compile the same sum is written as d_conv shifted products:
+    inductor's lowering of the convolution's backward fixes the length, which would compile a graph per length
+    (past dynamo's recompile limit under a curriculum, or at hmm's evaluation lengths); eager it is the conv."""
+    L = x.shape[-1]
+    if not torch.compiler.is_compiling():
+        return conv(x)[..., :L]
+    K, w = conv.kernel_size[0], conv.weight[:, 0].to(x.dtype)  # (d, K): out_t = sum_k w_k x_{t - K + 1 + k}
+    xp = F.pad(x, (K - 1, 0))
+    out = sum(w[:, k, None] * xp[..., k:k + L] for k in range(K))
+    return out if conv.bias is None else out + conv.bias.to(x.dtype)[:, None]
 
 
 # -----------------------------------------------------------------------------
@@ -358,6 +372,9 @@ class SelectiveScan(torch.autograd.Function):
                                              ctx.chunk), None, None, None
             ops = OPS[ctx.mode]
             gy, g_z, g_D = ops["gate_backward"](gy, y, u, D, z)
+            # time-first and contiguous, as u and delta are: z's layout (a view) would otherwise give each step's
+            # slice gy[t] strides that change with the length, and the compiled step a graph per length
+            gy = gy.contiguous()
             dt = ops["step_sizes"](delta, delta_bias, ctx.softplus)
             gu, gdt, gA, gB, gC = scan_blocks_backward(u, dt, A, B, C, gy, g, starts, ctx.chunk, ctx.mode)
             if D is not None:

@@ -396,7 +396,39 @@ def build_config(task, model, preset, given):
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model_name(model)}")
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
+    check_curriculum(task, task_opts, train)
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
+
+
+def check_curriculum(task, task_opts, train):
+    """A new run's --curriculum NAME=START on an option that changes the model's inputs or outputs is refused by
+    its own name, from a task built at START out of the options as given, so that an option derived from it
+    (bijection's L from V) is derived again: train.py's stages, grown from the built task, would keep L and be
+    refused for it. A malformed spec or a stage the task refuses: train.py's parse_curriculum says why."""
+    spec = train["curriculum"]
+    m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
+    if m is None or m.group(1) not in {f.name for f in fields(TASKS[task])}:
+        return
+    try:
+        own, first = make_task(task, **task_opts), make_task(task, **task_opts | {m.group(1): int(m.group(2))})
+    except (ValueError, TypeError):
+        return
+    if [getattr(own, k, None) for k in IO_FIELDS] != [getattr(first, k, None) for k in IO_FIELDS]:
+        raise ValueError(f"--curriculum {spec!r}: {m.group(1)} changes the model's inputs or outputs; grow an option "
+                         f"that only changes the sequences")
+
+
+def curriculum_note(train):
+    """The line train.py says as a run starts whose --curriculum is still growing when it ends (--curriculum_iters
+    past --max_iters): it never trains on the task's own size. None where it reaches it, where nothing trains
+    (--max_iters 0), and where --lr_decay_iters reaches the curriculum's end (a run to be resumed further)."""
+    m = re.fullmatch(r"(\w+)=(\d+)", train["curriculum"].replace(" ", ""))
+    T, end = train["max_iters"], train["curriculum_iters"] or train["max_iters"] // 2
+    if m is None or not 0 < T < end or (train["lr_decay_iters"] or T) >= end:
+        return None
+    return (f"train.py: note: --curriculum {train['curriculum']} grows {m.group(1)} until step {end} "
+            f"(--curriculum_iters), past the run's {T} steps (--max_iters): the run ends before the task is its own "
+            f"size; lower --curriculum_iters, or set --lr_decay_iters to the steps you will --resume to")
 
 
 def with_header_rows(task, task_opts, model_opts):
@@ -436,11 +468,15 @@ def resume_config(state, known, given, out_dir):
         if k in RESUMABLE:
             cfg["train"][k] = v
     cfg["train"]["out_dir"] = out_dir
+    if given.get("resume") and cfg["train"]["max_iters"] < state["iter"]:  # nothing to train: it would only evaluate
+        raise ValueError(f"--max_iters {cfg['train']['max_iters']}: the checkpoint in {out_dir} is at step "
+                         f"{state['iter']} already; pass a larger --max_iters to train on, or --eval_only to evaluate it")
     return cfg
 
 
 def check_train(train):
-    """Settings that would crash deep inside torch, or train silently on nonsense (a negative rate), are refused."""
+    """Settings that would crash deep inside torch, or train silently on nonsense (a negative rate), are refused;
+    a curriculum that the run ends before is said (curriculum_note)."""
     rules = dict(lr=(lambda x: x > 0, "> 0"), min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"),
                  weight_decay=(lambda x: x >= 0, ">= 0"), beta1=(lambda x: 0 <= x < 1, "in [0, 1)"),
                  beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
@@ -456,10 +492,16 @@ def check_train(train):
             raise ValueError(f"--{k} must be a finite number, got {train[k]}")
         if not ok(train[k]):
             raise ValueError(f"--{k} must be {want}, got {train[k]}")
-    if train["eval_seed_during"] < -1 or during_seed(train) == train["eval_seed"]:
+    for k in ("seed", "eval_seed"):  # torch's generators take seeds below 2**64; a run adds steps to them
+        if not 0 <= train[k] < 2 ** 63:
+            raise ValueError(f"--{k} must be an integer in [0, 2**63), got {train[k]}")
+    if not -1 <= train["eval_seed_during"] < 2 ** 63 or during_seed(train) == train["eval_seed"]:
         raise ValueError(f"--eval_seed_during must be -1 (--eval_seed + 1) or a seed other than --eval_seed "
-                         f"({train['eval_seed']}), got {train['eval_seed_during']}")
+                         f"({train['eval_seed']}) in [0, 2**63), got {train['eval_seed_during']}")
     check_device(train["device"])
+    note = curriculum_note(train)
+    if note and os.environ.get("RANK", "0") == "0":  # said once, by rank 0, after every setting here has passed
+        print(note, file=sys.stderr)
 
 
 def parse_stop(spec, task):
@@ -475,7 +517,7 @@ def parse_stop(spec, task):
         raise ValueError(f"--stop_at {spec!r}: the threshold must be a finite number, got {x}")
     if x is None:
         raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
-                         "mae_curve, mae_token, kl, accuracy")
+                         "mae_curve, mae_token, kl, accuracy and X a finite number")
     name, op = m.group(1), m.group(2)
     if name == "accuracy" and task.gaussian:
         raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")

@@ -319,7 +319,9 @@ class Regression(Task):
     def __post_init__(self):
         check(isinstance(self.d, int) and self.d >= 1, f"regression: d must be an int >= 1, got {self.d}")
         check(isinstance(self.K, int) and self.K >= 1, f"regression: K must be an int >= 1, got {self.K}")
-        check(self.noise_std > 0 and self.prior_std > 0, "regression: noise_std and prior_std must be > 0")
+        check(all(1e-6 <= s <= 1e6 for s in (self.noise_std, self.prior_std)),  # NaN too
+              f"regression: noise_std and prior_std must be in [1e-6, 1e6] (beyond, the targets' and the posterior's "
+              f"variances leave float32), got {self.noise_std}, {self.prior_std}")
         check(isinstance(self.d_active, int) and 0 <= self.d_active <= self.d,
               f"regression: d_active must be an int in [0, d={self.d}] (0 = all), got {self.d_active}")
         self.d_active = self.d_active or self.d
@@ -415,6 +417,9 @@ class Recall(Task):
         """The training-only layout of --train_all_queries: every stored key queried once, in random order,
         right after the filler (Zoology's MQAR, Arora et al. 2023), so a sequence trains n_pairs answers.
         changes: other options at once (a curriculum's stage, e.g. n_pairs=2 below the task's n_queries)."""
+        grown = [k for k in ("n_queries", "query_gap") if k in changes]
+        check(not grown, f"recall: with --train_all_queries every stored key is queried (n_queries = n_pairs, "
+                         f"query_gap = 0), so {grown and grown[0]} cannot grow; a curriculum can grow n_pairs")
         return replace(self, **changes | dict(n_queries=changes.get("n_pairs", self.n_pairs), query_gap=0))
 
 

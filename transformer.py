@@ -170,11 +170,13 @@ class Transformer(nn.Module):
         if c.pos not in POS or c.norm not in NORMS:
             raise ValueError(f"transformer: pos must be one of {POS} and norm one of {NORMS}, "
                              f"got {c.pos!r}, {c.norm!r}")
+        if min(c.n_layer, c.n_head, c.d_model, c.block_size) < 1 or c.mlp_ratio < 0:  # before dividing by n_head
+            raise ValueError("transformer: n_layer, n_head, d_model and block_size must be >= 1, mlp_ratio >= 0")
         if c.d_model % c.n_head or (c.pos == "rotary" and (c.d_model // c.n_head) % 2):
             raise ValueError(f"transformer: d_model={c.d_model} must split into n_head={c.n_head} heads"
                              f"{' of even size (rotary)' if c.pos == 'rotary' else ''}")
-        if min(c.n_layer, c.n_head, c.d_model, c.block_size) < 1:
-            raise ValueError("transformer: n_layer, n_head, d_model and block_size must be >= 1")
+        if not 0 <= c.dropout < 1:  # NaN too
+            raise ValueError(f"transformer: dropout must be in [0, 1), got {c.dropout}")
         for name in ("n_pos", "window"):
             if getattr(c, name) < 0:
                 raise ValueError(f"transformer: {name} must be >= 0, got {getattr(c, name)}")
