@@ -208,16 +208,13 @@ class MambaMixer(nn.Module):
 
 
 def causal_conv(x, conv):
-    """The depthwise conv (padded by d_conv - 1 on both sides) on x (b, d, l), its first l outputs: output t sees
-    inputs t - d_conv + 1 .. t only. Under torch.compile the same sum is written as d_conv shifted products:
-    inductor's lowering of the convolution's backward fixes the length, which would compile a graph per length
-    (past dynamo's recompile limit under a curriculum, or at hmm's evaluation lengths); eager it is the conv."""
+    """The causal depthwise conv on x (b, d, l): output t sees inputs t - d_conv + 1 .. t. Compiled, as d_conv
+    shifted products: inductor's conv backward fixes the length, a graph per length past dynamo's limit."""
     L = x.shape[-1]
     if not torch.compiler.is_compiling():
         return conv(x)[..., :L]
-    K, w = conv.kernel_size[0], conv.weight[:, 0].to(x.dtype)  # (d, K): out_t = sum_k w_k x_{t - K + 1 + k}
-    xp = F.pad(x, (K - 1, 0))
-    out = sum(w[:, k, None] * xp[..., k:k + L] for k in range(K))
+    K, w, xp = conv.kernel_size[0], conv.weight[:, 0].to(x.dtype), F.pad(x, (conv.kernel_size[0] - 1, 0))
+    out = sum(w[:, k, None] * xp[..., k:k + L] for k in range(K))  # out_t = sum_k w_k x_{t - K + 1 + k}
     return out if conv.bias is None else out + conv.bias.to(x.dtype)[:, None]
 
 
@@ -372,9 +369,7 @@ class SelectiveScan(torch.autograd.Function):
                                              ctx.chunk), None, None, None
             ops = OPS[ctx.mode]
             gy, g_z, g_D = ops["gate_backward"](gy, y, u, D, z)
-            # time-first and contiguous, as u and delta are: z's layout (a view) would otherwise give each step's
-            # slice gy[t] strides that change with the length, and the compiled step a graph per length
-            gy = gy.contiguous()
+            gy = gy.contiguous()  # as u and delta: a view's strides change with the length (a graph per length)
             dt = ops["step_sizes"](delta, delta_bias, ctx.softplus)
             gu, gdt, gA, gB, gC = scan_blocks_backward(u, dt, A, B, C, gy, g, starts, ctx.chunk, ctx.mode)
             if D is not None:

@@ -27,13 +27,12 @@ from linear_attn import LinearAttention, LinearAttentionConfig
 from lstm import LSTM, LSTMConfig
 from mamba import Mamba, MambaConfig
 from mlp import MLP, MLPConfig
-from tasks import TASKS, make_task
+from tasks import IO_FIELDS, TASKS, check_curriculum, curriculum_note, make_task
 from transformer import Transformer, TransformerConfig
 
 MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba),
           "lstm": (LSTMConfig, LSTM), "mlp": (MLPConfig, MLP),
           "linear_attn": (LinearAttentionConfig, LinearAttention)}
-IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # set from the task
 
 TRAIN = {  # name: (default, help); presets and flags override
     "out_dir": ("", "where to write ckpt.pt and results.json (empty: out/<task>_<model>)"),
@@ -100,31 +99,23 @@ RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "l
 PRESETS = {
     "quick": {  # sized for a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%
         "bijection": dict(train=dict(max_iters=6000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000),
-                          # the transformer: Muon, ahead of AdamW at every evaluation; at half the batch and twice
-                          # the rate it reaches the paper's level within its schedule, which batch 64 at 2e-3 did
-                          # not, and at a cheaper step (results/time_to_target.md)
+                          # the transformer: Muon, at half the batch and twice the rate (results/time_to_target.md)
                           transformer=dict(n_layer=3, n_head=4, d_model=128,
                                            train=dict(optimizer="muon", batch_size=32, lr=4e-3)),
                           mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=192),
                           mlp=dict(n_layer=6, d_model=197), mlp_pos=dict(n_layer=6, d_model=220, per_position=True)),
-        # hmm transformer: Muon leaves the uninformed plateau that AdamW sits on; learned rows for the header
-        # tokens (which cell of T or E each one is: 53 of them at 5 x 5, HEADER_ROWS follows --n_states and
-        # --n_obs) and one shared row for every observation position, with
-        # ALiBi giving the order of the observations, so K = 30 and 50 meet no untrained position; a window of
-        # 16 tokens (8 observations, past which the filter has forgotten) besides the header, so that the
-        # header's share of attention does not dilute as K grows past the trained 20.
-        # hmm Mamba: the same header rows (the official block has no position input with which to tell the header's
-        # cells apart), and the authors' LayerNorm on y, which helps most once the rows are there (results/mamba.md)
+        # hmm transformer: Muon leaves the plateau AdamW sits on; a learned row per header token (which cell of T
+        # or E it is) and one shared row for the observations, ALiBi giving their order, so K = 30 and 50 meet no
+        # untrained position; a 16-token window besides the header, so its share of attention does not dilute past
+        # the trained K. hmm Mamba: the same header rows, and the authors' LayerNorm on y (results/mamba.md)
         "hmm": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_K=[30, 50]),
                     transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=HEADER_ROWS, window=16,
                                      train=dict(optimizer="muon")),
                     mamba=dict(n_layer=3, d_model=64, pos="learned", n_pos=HEADER_ROWS, y_norm=True),
                     lstm=dict(n_layer=2, d_model=166, pos="none"),
                     mlp=dict(n_layer=6, d_model=113), mlp_pos=dict(n_layer=6, d_model=185, per_position=True)),
-        # regression: the inputs vary in 2 of the 8 dimensions at first, all 8 from step 1,000 (Garg et al. grow
-        # the dimension too), without which the transformer stays far from the posterior. It trains 7,000 steps,
-        # which fit 15 minutes alone on 2 CPU threads, with 6 layers at its parameter count, where depth helped
-        # (results/regression.md)
+        # regression: the inputs vary in 2 of the 8 dimensions at first, all 8 from step 1,000 (Garg et al.); the
+        # transformer trains 7,000 steps with 6 layers at its parameter count, where depth helped (results/regression.md)
         "regression": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=1000,
                                       curriculum="d_active=2", curriculum_iters=1000),
                            transformer=dict(n_layer=6, n_head=4, d_model=104,
@@ -137,15 +128,12 @@ PRESETS = {
         # 4-8 ALiBi heads for some seeds, training sat on the "any stored value" plateau (loss ln N) for thousands
         "recall": dict(task=dict(n_pairs=8, n_queries=8, key_vocab=32, value_vocab=32, filler=4),
                        train=dict(max_iters=1500, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=250),
-                       # the transformer stops once a check during training (every 50 steps, 500 sequences of
-                       # their own) reaches 99.9%. Its short schedule (lr 6e-3 with a 50-step warm-up, decayed
-                       # over 300 steps) gets there in fewer steps than lr 2e-3 over 1,500 did
-                       # (results/time_to_target.md)
+                       # the transformer stops at 99.9% on a check every 50 steps; its short schedule gets there in
+                       # fewer steps than lr 2e-3 over 1,500 did (results/time_to_target.md)
                        transformer=dict(n_layer=2, n_head=16, d_model=128, pos="alibi",
                                         train=dict(optimizer="muon", stop_at="accuracy>=0.999", eval_interval=50,
                                                    lr=6e-3, warmup_iters=50, max_iters=300)),
-                       # Mamba binds with 32 state dimensions per channel and Muon; with 16 it stays near the
-                       # "one of the stored values" plateau (results/mamba.md)
+                       # Mamba binds with 32 state dimensions per channel and Muon; with 16 it did not (results/mamba.md)
                        mamba=dict(n_layer=2, d_model=128, d_state=32, train=dict(optimizer="muon")),
                        lstm=dict(n_layer=2, d_model=154),
                        mlp=dict(n_layer=4, d_model=156), mlp_pos=dict(n_layer=4, d_model=215, per_position=True)),
@@ -178,17 +166,12 @@ PRESETS = {
     },
 }
 
-# the quick preset with the paper's recall task (64 pairs from 256 keys and 256 values, 32 filler, 3 queries). The
-# store grows from 8 pairs to 64 over 2,000 steps (short sequences first, so early steps are cheap); the quick
-# transformer leaves the uniform level (loss ln 256) partway and keeps binding as the store grows. The run stops
-# once a held-out evaluation reaches 99%.
-# Mamba starts as linear attention (mimetic), trains on every stored key, and holds the store at 8 pairs for 750
-# steps: bound to every key there, it keeps them as the store grows; grown from the start, it bound about half of
-# the 256 keys and stalled. Whether a run binds in the hold the seed decides, and even the floating-point rounding;
-# lr 4e-3 binds more of them than 2e-3. Mamba stops at step 2,000, where the store has just reached 64 pairs, on
-# the first half of a 4,000-step decay, so that the command ends with its own final evaluation; a seed that did not
-# bind in the hold binds late, at the full store. The full store's steps are the dearest, so the rest of the decay
-# is hours more on a CPU (`--resume --max_iters 4000` runs it on). Each run: results/recall_paper.md.
+# the quick preset with the paper's recall task (64 pairs of 256 keys and values, 32 filler, 3 queries); the store
+# grows from 8 pairs to 64 over 2,000 steps, short sequences first; the run stops at 99% held out. Mamba starts as
+# linear attention (mimetic), trains on every stored key and holds the store at 8 pairs for 750 steps: bound to
+# every key there, it keeps them as the store grows (grown from the start, it stalled); the seed decides whether a
+# run binds in the hold, lr 4e-3 more often than 2e-3. It stops at step 2,000, at the full store, on the first half
+# of a 4,000-step decay (`--resume --max_iters 4000` runs the rest, hours on a CPU). Runs: results/recall_paper.md.
 PRESETS["cpu_paper_task"] = dict(PRESETS["quick"], recall=dict(
     PRESETS["quick"]["recall"], task=dict(n_pairs=64, n_queries=3, key_vocab=256, value_vocab=256, filler=32),
     train=dict(PRESETS["quick"]["recall"]["train"], max_iters=4000, curriculum="n_pairs=8", curriculum_iters=2000,
@@ -398,37 +381,6 @@ def build_config(task, model, preset, given):
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
     check_curriculum(task, task_opts, train)
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
-
-
-def check_curriculum(task, task_opts, train):
-    """A new run's --curriculum NAME=START on an option that changes the model's inputs or outputs is refused by
-    its own name, from a task built at START out of the options as given, so that an option derived from it
-    (bijection's L from V) is derived again: train.py's stages, grown from the built task, would keep L and be
-    refused for it. A malformed spec or a stage the task refuses: train.py's parse_curriculum says why."""
-    spec = train["curriculum"]
-    m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
-    if m is None or m.group(1) not in {f.name for f in fields(TASKS[task])}:
-        return
-    try:
-        own, first = make_task(task, **task_opts), make_task(task, **task_opts | {m.group(1): int(m.group(2))})
-    except (ValueError, TypeError):
-        return
-    if [getattr(own, k, None) for k in IO_FIELDS] != [getattr(first, k, None) for k in IO_FIELDS]:
-        raise ValueError(f"--curriculum {spec!r}: {m.group(1)} changes the model's inputs or outputs; grow an option "
-                         f"that only changes the sequences")
-
-
-def curriculum_note(train):
-    """The line train.py says as a run starts whose --curriculum is still growing when it ends (--curriculum_iters
-    past --max_iters): it never trains on the task's own size. None where it reaches it, where nothing trains
-    (--max_iters 0), and where --lr_decay_iters reaches the curriculum's end (a run to be resumed further)."""
-    m = re.fullmatch(r"(\w+)=(\d+)", train["curriculum"].replace(" ", ""))
-    T, end = train["max_iters"], train["curriculum_iters"] or train["max_iters"] // 2
-    if m is None or not 0 < T < end or (train["lr_decay_iters"] or T) >= end:
-        return None
-    return (f"train.py: note: --curriculum {train['curriculum']} grows {m.group(1)} until step {end} "
-            f"(--curriculum_iters), past the run's {T} steps (--max_iters): the run ends before the task is its own "
-            f"size; lower --curriculum_iters, or set --lr_decay_iters to the steps you will --resume to")
 
 
 def with_header_rows(task, task_opts, model_opts):

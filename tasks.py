@@ -24,6 +24,7 @@ follow the authors' released code where the paper is silent:
 """
 from dataclasses import dataclass, field, fields, replace
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -500,3 +501,40 @@ def make_task(name, **overrides):
     if bad:
         raise ValueError(f"unknown option(s) {', '.join(bad)} for task {name!r}; valid options: {', '.join(valid)}")
     return TASKS[name](**overrides)
+
+
+# -----------------------------------------------------------------------------
+# curricula: a task option grown while training (train.py --curriculum)
+
+IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # what a task tells its model
+
+
+def check_curriculum(task, task_opts, train):
+    """A new run's --curriculum NAME=START on an option that changes the model's inputs or outputs is refused by
+    its own name, from a task built at START out of the options as given, so that an option derived from it
+    (bijection's L from V) is derived again: train.py's stages, grown from the built task, would keep L and be
+    refused for it. A malformed spec or a stage the task refuses: train.py's parse_curriculum says why."""
+    spec = train["curriculum"]
+    m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
+    if m is None or m.group(1) not in {f.name for f in fields(TASKS[task])}:
+        return
+    try:
+        own, first = make_task(task, **task_opts), make_task(task, **task_opts | {m.group(1): int(m.group(2))})
+    except (ValueError, TypeError):
+        return
+    if [getattr(own, k, None) for k in IO_FIELDS] != [getattr(first, k, None) for k in IO_FIELDS]:
+        raise ValueError(f"--curriculum {spec!r}: {m.group(1)} changes the model's inputs or outputs; grow an option "
+                         f"that only changes the sequences")
+
+
+def curriculum_note(train):
+    """The line train.py says as a run starts whose --curriculum is still growing when it ends (--curriculum_iters
+    past --max_iters): it never trains on the task's own size. None where it reaches it, where nothing trains
+    (--max_iters 0), and where --lr_decay_iters reaches the curriculum's end (a run to be resumed further)."""
+    m = re.fullmatch(r"(\w+)=(\d+)", train["curriculum"].replace(" ", ""))
+    T, end = train["max_iters"], train["curriculum_iters"] or train["max_iters"] // 2
+    if m is None or not 0 < T < end or (train["lr_decay_iters"] or T) >= end:
+        return None
+    return (f"train.py: note: --curriculum {train['curriculum']} grows {m.group(1)} until step {end} "
+            f"(--curriculum_iters), past the run's {T} steps (--max_iters): the run ends before the task is its own "
+            f"size; lower --curriculum_iters, or set --lr_decay_iters to the steps you will --resume to")
