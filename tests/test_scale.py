@@ -209,17 +209,24 @@ def test_bench_bad_input_is_a_one_line_error_before_measuring(capsys, argv, expe
     assert e.value.code == 2 and len(err.splitlines()) == 1 and expect in err, err
 
 
-@pytest.mark.parametrize("cmd", [
-    ["bench.py", "train", "--task", "bijection", "--models", "mlp", "--sizes", "quick",
-     "--batch_size", str(10 ** 12)],  # OOM
-    ["bench.py", "scan", "--L", "8", "--modes", "sequential", "--B", "0"],
-    ["bench.py", "memory", "--rules", "hebbian", "--T", "8", "--B", "0"],
-])
-def test_benches_exit_2_when_every_row_failed(cmd):
-    p = subprocess.run([sys.executable, *cmd, "--threads", "1", "--reps", "1"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+def bench_run(cmd):
+    return subprocess.run([sys.executable, *cmd, "--threads", "1", "--reps", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def test_benches_exit_2_when_every_row_failed():
+    p = bench_run(["bench.py", "train", "--task", "bijection", "--models", "mlp", "--sizes", "quick",
+                   "--batch_size", str(10 ** 12)])  # every row out of memory
     assert p.returncode == 2 and "Traceback" not in p.stderr and "failed" in p.stdout, p.stdout + p.stderr
     assert "every" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+@pytest.mark.parametrize("cmd", [["bench.py", "scan", "--L", "8", "--modes", "sequential", "--B", "0"],
+                                 ["bench.py", "memory", "--rules", "hebbian", "--T", "8", "--B", "0"]])
+def test_benches_refuse_an_empty_batch_before_measuring(cmd):  # these once failed in every row
+    p = bench_run(cmd)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "failed" not in p.stdout, p.stdout + p.stderr
+    assert "--B must be >= 1, got 0" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def test_time_to_target_writes_under_out_unless_told_and_checks_results_first(tmp_path, monkeypatch, capsys):
