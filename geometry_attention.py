@@ -257,6 +257,13 @@ def entropy_mae(model, task, batch, **kw):
     return {k: v for k, v in m.result(task).items() if not isinstance(v, list) and k != "n_sequences"}
 
 
+def masked(c, layer, head=None):
+    """The (n_layer, n_head) head_mask that silences one head of a layer (every head of it: head None)."""
+    mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
+    mask[layer, slice(None) if head is None else head] = 0
+    return mask
+
+
 def concentration(delta):
     """The frame-head criterion of the authors' jlens reconcile_frame_head.py: the heads {"L{l}H{h}": damage},
     damage = entropy MAE with the head masked - without, ranked over every layer: the top and second heads,
@@ -286,10 +293,8 @@ def ablate(model, task, batch, state, args):
     delta = {}
     if hasattr(c, "n_head"):  # models with a head_mask (transformer, linear_attn)
         for l, h in [(l, h) for l in range(c.n_layer) for h in [*range(c.n_head), None]]:
-            mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
-            mask[l, slice(None) if h is None else h] = 0
             name = f"mask L{l} all heads" if h is None else f"mask L{l}H{h}"
-            rows.append(dict(ablation=name, **entropy_mae(model, task, batch, head_mask=mask)))
+            rows.append(dict(ablation=name, **entropy_mae(model, task, batch, head_mask=masked(c, l, h))))
             if h is not None:
                 delta[f"L{l}H{h}"] = rows[-1]["mae_token"] - base["mae_token"]
     for row in rows:
@@ -347,9 +352,7 @@ def checkpoint_stats(model, task, batch, args, final_frame=None):
     skip = [entropy_mae(model, task, batch, skip_layers={l})["mae_token"] / base["mae_token"] for l in range(c.n_layer)]
     damage = {}
     for h in range(c.n_head):
-        mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
-        mask[0, h] = 0
-        damage[f"L0H{h}"] = entropy_mae(model, task, batch, head_mask=mask)["mae_token"] - base["mae_token"]
+        damage[f"L0H{h}"] = entropy_mae(model, task, batch, head_mask=masked(c, 0, h))["mae_token"] - base["mae_token"]
     top, second = (sorted(damage.values(), reverse=True) + [0.0])[:2]  # one head: no second, no ratio
     r = dict(keys_jlens=jlens_keys(model, task), att_entropy_bits=[entropy_bits(l["att"][:, :, q_pos]).mean().item()
                                                                      for l in inside["layers"]],
