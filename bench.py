@@ -426,6 +426,8 @@ def bench_memory(argv):
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="default float32")
     p.add_argument("--one", nargs=4, metavar=("RULE", "MODE", "CHUNK", "T"), help=argparse.SUPPRESS)  # internal
     args = parse_kernel_args(p, argv, ("B", "H", "d_k", "d_v", "T"))
+    if min(args.chunk_size) < 0:
+        p.error(f"--chunk_size must be >= 0 (0: the rule's own), got {' '.join(map(str, args.chunk_size))}")
     if not 0 < args.decay <= 1:  # nan fails this too
         p.error(f"--decay must be in (0, 1] (1: no decay), got {args.decay}")
     if args.one:
@@ -472,7 +474,12 @@ def main(argv=None):
     if argv[:1] == ["time_to_target"]:
         p.error("time_to_target is now `python reproduce.py time_to_target`, with the same flags")
     p.parse_args(argv[:1])  # --help, or a missing or unknown subcommand: the subcommand's own flags follow it
-    return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except OSError as e:  # --json on a full or read-only disk, after the measurements
+        print(f"bench.py: error: {runtime.fault(e)}; the table above is the run's (nothing else was kept)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 
 import torch
@@ -31,6 +32,8 @@ from tasks import make_task
 # torch.save's errors on a full or failing disk: "failed writing file", "unexpected pos N vs M", "iostream error"
 DISK_FULL = r"writ|unexpected pos|iostream error"
 RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
+UMASK = os.umask(0o022)  # read by setting it: put back at once
+os.umask(UMASK)
 
 
 def print0(*args, **kwargs):
@@ -131,18 +134,24 @@ def load(path):
 
 
 def write_file(path, write):
-    """write(tmp) beside path, then rename it over path; a failure removes tmp and names path."""
-    tmp = path + ".tmp"
+    """write(tmp) beside path, then rename it over path; a failure removes tmp and names path. Each writer has a
+    temporary name of its own (path.<random>.tmp), so two processes writing one file leave one of them whole."""
+    tmp = None
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        folder, name = os.path.split(path)
+        os.makedirs(folder or ".", exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder or ".", prefix=name + ".", suffix=".tmp")
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp's 0600, widened to what open() would have given
         write(tmp)
         os.replace(tmp, path)
     except BaseException as e:
-        with suppress(OSError):
-            os.remove(tmp)
+        if tmp is not None:
+            with suppress(OSError):
+                os.remove(tmp)
         if isinstance(e, RuntimeError) and re.search(DISK_FULL, str(e)):  # torch.save's writer on a full disk
             e = OSError(errno.EIO, str(e).splitlines()[0])
-        if isinstance(e, OSError) and not e.filename:  # the one-line report names the file
+        if isinstance(e, OSError) and e.filename in (None, "", tmp):  # the one-line report names the file
             raise OSError(e.errno, e.strerror, path) from None
         raise
 
@@ -179,8 +188,7 @@ def run_files(out_dir):
 
 def run_tmp_files(out_dir):
     """The temporary files a killed write of a run leaves (not another script's, e.g. geometry.py's)."""
-    names = [os.path.join(out_dir, f + ".tmp") for f in RUN_FILES]
-    return [p for p in names if os.path.exists(p)] + glob.glob(os.path.join(out_dir, "ckpt_*.pt.tmp"))
+    return [p for f in RUN_FILES + ("ckpt_*.pt",) for p in glob.glob(os.path.join(glob.escape(out_dir), f + "*.tmp"))]
 
 
 def pid_alive(pid):

@@ -170,8 +170,9 @@ def variant(s):
         value = float(param) if param else None if rule == "hebbian" else 1.0
     except ValueError:
         value = math.nan
-    if value is not None and not math.isfinite(value):
-        raise ValueError(f"{s!r}: the value after @ must be a finite number")
+    if value is not None and not 0 < value <= 1:  # hebbian's decay, delta's and oja's beta (linear_attn.memory)
+        what = "decay" if rule == "hebbian" else "beta"
+        raise ValueError(f"{s!r}: the value after @ ({rule}'s {what}) must be a number in (0, 1]")
     return s, rule, value
 
 
@@ -244,6 +245,8 @@ def parse_args(argv):
             p.error(f"--{flag} must be a finite number, got {' '.join(map(str, values))}")
         if flag not in ("seed", "seeds", "threads") and type(values[0]) in (int, float) and min(values) <= 0:
             p.error(f"--{flag} must be > 0, got {' '.join(map(str, values))}")
+        if flag == "eps" and values[0] >= 1:
+            p.error(f"--eps is a probability: it must be < 1, got {values[0]}")
         if flag == "threads" and values[0] < 0:
             p.error(f"--threads must be >= 0 (0: torch's default), got {values[0]}")
         if flag in ("ws", "nd") and len(values) != len(default):

@@ -327,7 +327,7 @@ def read_figures(name, d, path):
 def claims(runs, found):
     """({figure: spread over the runs}, {figure: what lacks it}) in the claims table's order: a figure is missing
     where a run's diagnostic did not write it, its value is null (does not apply, or NaN), or the run has no such
-    diagnostic at all."""
+    diagnostic at all. Runs of different depths are a ValueError: their per-layer figures do not line up."""
     figures, missing = {}, {}
     for n in CLAIMS:
         names = dict.fromkeys(k for f in found for k in f.get(n, {}))  # every run's, in the diagnostic's order
@@ -338,8 +338,9 @@ def claims(runs, found):
             lacking = [r["run"] for r, v in zip(runs, values) if v is None or isinstance(v, list) and None in v]
             if lacking:
                 missing[name] = dict(diagnostic=n, runs=lacking)
-            elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) > 1:  # depths differ
-                missing[name] = dict(diagnostic=n, runs=[r["run"] for r in runs], layers=[len(v) for v in values])
+            elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) > 1:
+                raise ValueError(f"{name}: the runs have {[len(v) for v in values]} layers; seeds of one recipe "
+                                 f"only (one model size)")
             else:
                 figures[name] = spread(values)
     return figures, missing
@@ -369,9 +370,9 @@ def seeds(argv):
     try:
         check_out_dir(args.out, "--out")
         runs, found = read_runs(args.runs)
+        figures, missing = claims(runs, found)
     except ValueError as e:
         p.exit(2, f"geometry.py seeds: error: {e}\n")
-    figures, missing = claims(runs, found)
     write_json(os.path.join(args.out, "geometry_seeds.json"), to_json(dict(runs=runs, figures=figures,
                                                                           missing=missing)))
     f = lambda x: "[" + ", ".join(f(v) for v in x) + "]" if isinstance(x, list) else f"{x:.4g}"
@@ -382,8 +383,7 @@ def seeds(argv):
         print(f"| {' | '.join(cells)} |")
     for name, m in missing.items():
         where = "every run" if len(m["runs"]) == len(runs) else ", ".join(m["runs"])
-        print(f"missing: {name} (geometry_{m['diagnostic']}.json) in {where}"
-              + (f": the layer counts differ, run by run {m['layers']}" if "layers" in m else ""))
+        print(f"missing: {name} (geometry_{m['diagnostic']}.json) in {where}")
     print(f"wrote {os.path.join(args.out, 'geometry_seeds.json')}")
     return 0
 

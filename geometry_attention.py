@@ -381,8 +381,13 @@ def dynamics(model, task, batch, state, args):
     final = maps(model(batch.x, return_internals=True)[1])
     frame = frame_basis(model, task) if args.frame_seqs else None
     rows = {}
+    run = lambda st: [st["config"][k] for k in ("task", "task_opts", "model")] + [st["model_config"]]
     for path in glob.glob(os.path.join(args.ckpt, "ckpt_*.pt")) + [ckpt_path(args.ckpt)]:
         m, _, st = load(path)
+        if run(st) != run(state):  # a checkpoint of another run copied into the folder
+            raise ValueError(f"{path} is not a snapshot of {ckpt_path(args.ckpt)} (another run: "
+                             f"{st['config']['model']} on {st['config']['task']} {st['config']['task_opts']}); "
+                             f"move it out of the folder")
         _, inside = m(batch.x, return_internals=True)
         Z = manifold_stats(inside["final"][batch.mask], H, max_points=args.max_points)[0]
         rows[st["iter"]] = dict(step=st["iter"], **entropy_mae(m, task, batch),

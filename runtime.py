@@ -432,6 +432,8 @@ def cli(main, prog, kept):
     except (OSError, MemoryError, RuntimeError) as e:  # a full or read-only disk, no memory: one line
         if not (isinstance(e, OSError) or is_oom(e)):
             raise
+        if is_oom(e) and not hasattr(e, "hint"):  # outside a training run: the script's sizes, not a batch
+            e.hint = "(try smaller sizes)"
         print(f"{prog}: error: {fault(e).splitlines()[0]}; {kept}", file=sys.stderr)
         sys.exit(1)
 

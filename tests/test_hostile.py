@@ -1,8 +1,6 @@
-"""Hostile input, and what the scripts do with it (issue 44): every bad value, file, environment or signal ends
-in one line naming what to change, exit code 2 (usage) or 1 (a fault), with no traceback and the files written
-before kept whole. A defect whose fix lies in a script that phase 1 of the issue left alone (runtime, checkpoints,
-hardware, geometry, conditioning, bench, reproduce, time_to_target) is an xfail(strict=True) test here, the fix in
-its reason: applying the fix turns it into an XPASS, which fails the suite until the mark is dropped."""
+"""Hostile input, and what the scripts do with it: every bad value, file, environment or signal ends in one line
+naming what to change, exit code 2 (usage) or 1 (a fault), with no traceback and the files written before kept
+whole."""
 from functools import partial
 import json
 import os
@@ -135,8 +133,7 @@ def test_resume_below_the_checkpoints_step_is_refused(tmp_path, capsys):
 
 
 # -----------------------------------------------------------------------------
-# defects in the scripts phase 1 left alone: each test fails now (xfail, strict) and passes once the fix in its
-# reason is applied; then drop the mark
+# the analysis scripts: geometry, conditioning, bench, reproduce; the files they write
 
 import errno
 import time
@@ -151,10 +148,6 @@ import runtime
 
 TINY_RUN = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--d_model", "16", "--device", "cpu",
             "--max_iters", "2", "--eval_interval", "2", "--eval_samples", "10", "--eval_samples_during", "10"]
-
-
-def xfail(fix):
-    return pytest.mark.xfail(strict=True, reason=fix)
 
 
 def fault_line(capsys, want):
@@ -182,9 +175,6 @@ def test_garbage_in_the_torchrun_environment_is_named(monkeypatch, capsys, tmp_p
     one_line(capsys, name)
 
 
-@xfail("checkpoints.py write_file: a failed write names the temporary file (geometry.py: '.../geometry_keys.json.tmp: "
-       "Read-only file system'). Fix: where e.filename is tmp, raise OSError(e.errno, e.strerror, path) as for a "
-       "missing filename")
 def test_a_failed_write_names_the_file_not_its_temporary(tmp_path):
     path = str(tmp_path / "a.json")
 
@@ -195,10 +185,6 @@ def test_a_failed_write_names_the_file_not_its_temporary(tmp_path):
     assert e.value.filename == path
 
 
-@xfail("checkpoints.py write_file: every writer of a file uses the same temporary name path + '.tmp', so two processes "
-       "writing one file (two geometry.py, or a sweep and its rebuild, on one folder) write into one inode and the "
-       "renamed file can hold both. Fix: a temporary name of its own per writer (tempfile.mkstemp(dir=the folder, "
-       "prefix=name + '.', suffix='.tmp')), and run_tmp_files globbing those names")
 def test_two_writers_of_one_file_leave_it_whole(tmp_path):
     path = str(tmp_path / "a.json")
 
@@ -239,21 +225,12 @@ def test_seeds_out_a_file_is_one_line(tmp_path, capsys):
     one_line(capsys, "--out")
 
 
-@xfail("geometry.py spread: per-layer figures of runs of different depths are cut to the shallowest by zip, "
-       "silently (mean, min and max over the first layers only). Fix: in spread(), lists of different lengths raise "
-       "ValueError(f'the runs have {a} and {b} layers; seeds of one recipe only'), which seeds() turns, around "
-       "claims(), into p.exit(2, f'geometry.py seeds: error: {e}')")
 def test_seeds_of_different_depths_are_refused(tmp_path, capsys):
     a, b = geometry_run(tmp_path / "a", 1), geometry_run(tmp_path / "b", 2)
     assert exit_code(geometry.main, ["seeds", a, b, "--out", str(tmp_path / "out")]) == 2
     one_line(capsys, "layers")
 
 
-@xfail("geometry_attention.py dynamics: a ckpt_*.pt of another run in the folder (another task, model or size) is loaded as "
-       "a snapshot and fails deep in the metrics (RuntimeError: The size of tensor a (6) must match ... traceback). "
-       "Fix: in dynamics(), each snapshot's config task, task_opts, model and model_config must equal the "
-       "checkpoint's, else ValueError(f'{path} is not a snapshot of {ckpt} (another run: {model} on {task}); move it "
-       "out of the folder')")
 def test_dynamics_refuses_another_runs_snapshot(tmp_path, capsys):
     run, other = tmp_path / "run", tmp_path / "other"
     assert run_main(TINY_RUN + ["--ckpt_schedule", "log", "--out_dir", str(run)]) == 0
@@ -270,10 +247,8 @@ def test_geometry_names_a_seed_out_of_range(capsys):
 
 
 @pytest.mark.parametrize("argv", [["drift", "--variants", "hebbian@nan"], ["drift", "--variants", "delta@inf"],
-                                  pytest.param(["drift", "--variants", "oja@-1"], marks=xfail(
-                                      "conditioning.py variant(): oja@-1 and hebbian@0 pass the parser, refused only by "
-                                      "memory() when the drift run reaches them. Fix: 0 < X <= 1 in variant()")),
-                                  pytest.param(["drift", "--variants", "hebbian@0"], marks=xfail("as oja@-1"))])
+                                  ["drift", "--variants", "oja@-1"], ["drift", "--variants", "hebbian@0"],
+                                  ["drift", "--variants", "delta@1.5"]])
 def test_conditioning_refuses_a_variant_out_of_range_at_parse(argv):
     with pytest.raises(SystemExit) as e:
         conditioning.parse_args(argv + ["--results", "/tmp"])
@@ -281,8 +256,7 @@ def test_conditioning_refuses_a_variant_out_of_range_at_parse(argv):
 
 
 @pytest.mark.parametrize("argv", [["drift", "--steps", "40", "--norm_every", "100"],  # was 'max() arg is an empty ...'
-                                  pytest.param(["capacity", "--eps", "5"], marks=xfail(  # a probability: nonsense
-                                      "conditioning.py parse_args: --eps is not checked to lie in (0, 1)")),
+                                  ["capacity", "--eps", "5"], ["capacity", "--eps", "1"],  # a probability below 1
                                   ["capacity", "--threads", "100000"],  # torch.set_num_threads segfaulted
                                   ["capacity", "--seed", str(2 ** 64)],  # 'Overflow when unpacking long long'
                                   ["depth_width", "--seeds", "0", str(2 ** 64)]])  # exit 2, the reason in a log only
@@ -300,10 +274,6 @@ def test_conditioning_summary_of_a_foreign_json_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["matmul", "--n", "8", "--reps", "1", "--threads", "1"],
                                   ["train", "--task", "recall", "--models", "mlp", "--sizes", "quick"]])
-@xfail("bench.py and hardware.py: write_json of --json (bench_train; hardware's bench_matmul, bench_gpu) is outside any handler: a full or "
-       "read-only disk ends in an OSError traceback after the work. Fix: in main(), around COMMANDS[...](...): "
-       "except OSError as e: print(f'{p.prog}: error: {e.filename}: {e.strerror}; the table above is the run's "
-       "(nothing else was kept)', file=sys.stderr); return 1")
 def test_bench_on_a_full_disk_is_one_line(monkeypatch, tmp_path, capsys, argv):
     def full(path, obj):
         raise OSError(errno.ENOSPC, "No space left on device", path)
@@ -351,9 +321,7 @@ def test_the_table_skips_a_foreign_results_json(tmp_path):
 
 @pytest.mark.parametrize("argv", [["memory", "--decay", "nan"], ["memory", "--decay", "2"],
                                   ["scan", "--seed", str(2 ** 64)], ["memory", "--seed", "-1"],
-                                  pytest.param(["memory", "--chunk_size", "16", "-3"], marks=xfail(
-                                      "bench.py bench_memory: a negative --chunk_size fails only in its own rows (exit "
-                                      "0). Fix: p.error unless every --chunk_size >= 0"))])
+                                  ["memory", "--chunk_size", "16", "-3"]])
 def test_bench_checks_seed_and_decay_before_measuring(monkeypatch, argv):
     def started(*a, **k):
         raise AssertionError("a measurement started")
@@ -363,14 +331,10 @@ def test_bench_checks_seed_and_decay_before_measuring(monkeypatch, argv):
     assert exit_code(bench.main, argv) == 2
 
 
-@xfail("runtime.py cli: out of memory outside a training run (bench.py matmul --n 100000, a huge geometry.py --n_seq) "
-       "ends in a RuntimeError traceback ('DefaultCPUAllocator: can't allocate memory'). Fix: in cli(), `except "
-       "Exception as e: if not is_oom(e): raise; print(f'{prog}: error: out of memory (try smaller sizes); {kept}', "
-       "file=sys.stderr); sys.exit(2)`")
 def test_out_of_memory_in_any_script_is_one_line(capsys):
     def main():
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
     with pytest.raises(SystemExit) as e:
         runtime.cli(main, "bench.py", "nothing was written")
-    assert e.value.code == 2
-    one_line(capsys, "out of memory")
+    assert e.value.code == 1  # a fault, not a usage error
+    one_line(capsys, "bench.py: error: out of memory (try smaller sizes); nothing was written")

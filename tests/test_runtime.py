@@ -325,13 +325,15 @@ def test_torch_saves_full_disk_messages_are_os_errors_naming_the_file(tmp_path, 
 
 
 def test_a_run_removes_only_its_own_temporary_files(tmp_path):
-    """A kill -9 mid-write leaves ckpt.pt.tmp; another script may be writing geometry_qk.json.tmp right now."""
+    """A kill -9 mid-write leaves ckpt.pt.<random>.tmp (or an older run's ckpt.pt.tmp); another script may be
+    writing geometry_qk.json.<random>.tmp right now."""
     argv = TINY + ["--max_iters", "2", "--eval_interval", "2", "--out_dir", str(tmp_path)]
     assert run_main(argv) == 0
-    for name in ("ckpt.pt.tmp", "ckpt_0000002.pt.tmp", "results.json.tmp", "geometry_qk.json.tmp", "train.log.tmp"):
+    others = ["geometry_qk.json.x1y2.tmp", "train.log.tmp"]
+    for name in ["ckpt.pt.tmp", "ckpt.pt.a8b_9.tmp", "ckpt_0000002.pt.k2j3.tmp", "results.json.q0.tmp"] + others:
         (tmp_path / name).write_text("x")
     assert run_main(["--task", "bijection", "--resume", "--max_iters", "4", "--out_dir", str(tmp_path)]) == 0
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "geometry_qk.json.tmp", "results.json", "train.log.tmp"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"] + others[:1] + ["results.json"] + others[1:]
 
 
 def test_a_lock_this_process_or_its_parent_holds_is_handed_over(tmp_path):
