@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from checkpoints import build_model, ckpt_path, load
+from checkpoints import build_model, ckpt_path, load, load_checkpoint
 from geometry_stats import (final_streams, frame_ratio, jlens_tokens, js_bits, manifold_stats, offdiag_abs_cos,
                             offdiag_cos, value_protocols)
 from oracles import Metrics, entropy_bits, oracle
@@ -257,6 +257,16 @@ def entropy_mae(model, task, batch, **kw):
     return {k: v for k, v in m.result(task).items() if not isinstance(v, list) and k != "n_sequences"}
 
 
+def key_positions_mae(model, task, batch, **kw):
+    """The bijection query layout's per-token MAE at its key positions only, its final query (the recall of a
+    seen key) left out: the authors' statistic for that layout (jlens reconcile_frame_head.py,
+    paired_calibration_mae: every prefix k1 v1 .. k_t, the entropy at k_t against log2(V - t + 1))."""
+    keys = batch.mask.clone()
+    keys[:, -1] = False
+    H_model = entropy_bits(F.softmax(model(batch.x, **kw).double(), -1)[keys])
+    return (H_model - entropy_bits(oracle(task, batch)[keys])).abs().mean().item()
+
+
 def masked(c, layer, head=None):
     """The (n_layer, n_head) head_mask that silences one head of a layer (every head of it: head None)."""
     mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
@@ -285,8 +295,9 @@ def ablate(model, task, batch, state, args):
     """Entropy MAE (both conventions, oracles.Metrics) with each layer skipped (output = input), each head
     masked (head_mask 0: the head's attention weights times 0) and every head of a layer masked (the attention
     then adds only its output projection's bias; with bias=False that is skipping the attention). `frame`
-    (models with heads): the per-token MAE's increase per masked head and its concentration; with
-    hypothesis keys also layer 0's most orthogonal head (jlens identify_frame_head: normed, mean |cos|)."""
+    (models with heads): the per-token MAE's increase per masked head and its concentration, on the bijection's
+    query layout also at its key positions alone (key_positions_mae, as the authors score it); with hypothesis
+    keys also layer 0's most orthogonal head (jlens identify_frame_head: normed, mean |cos|)."""
     c = model.config
     base = entropy_mae(model, task, batch)
     rows = [dict(ablation=f"skip L{l}", **entropy_mae(model, task, batch, skip_layers={l})) for l in range(c.n_layer)]
@@ -300,6 +311,12 @@ def ablate(model, task, batch, state, args):
     for row in rows:
         row.update(ratio_token=row["mae_token"] / base["mae_token"], ratio_curve=row["mae_curve"] / base["mae_curve"])
     r = dict(baseline=base, ablations=rows)
+    if delta and task.name == "bijection" and task.layout == "query":  # as the authors score that layout
+        keys = key_positions_mae(model, task, batch)
+        d = {f"L{l}H{h}": key_positions_mae(model, task, batch, head_mask=masked(c, l, h)) - keys
+             for l in range(c.n_layer) for h in range(c.n_head)}
+        r["frame_key_positions"] = dict(metric="mae_token at the key positions (key_positions_mae)",
+                                        baseline=keys, delta_mae=d, **concentration(d))
     if delta:
         r["frame"] = dict(metric="mae_token", delta_mae=delta, **concentration(delta))
         if state["config"]["model"] in ATTENTION and state["config"]["task"] in KEY_TASKS:  # where keys applies
@@ -381,13 +398,16 @@ def dynamics(model, task, batch, state, args):
     final = maps(model(batch.x, return_internals=True)[1])
     frame = frame_basis(model, task) if args.frame_seqs else None
     rows = {}
+    paths = glob.glob(os.path.join(args.ckpt, "ckpt_*.pt")) + [ckpt_path(args.ckpt)]
     run = lambda st: [st["config"][k] for k in ("task", "task_opts", "model")] + [st["model_config"]]
-    for path in glob.glob(os.path.join(args.ckpt, "ckpt_*.pt")) + [ckpt_path(args.ckpt)]:
-        m, _, st = load(path)
-        if run(st) != run(state):  # a checkpoint of another run copied into the folder
+    for path in paths:  # before the work: a checkpoint of another run copied into the folder
+        st = load_checkpoint(path)
+        if run(st) != run(state):
             raise ValueError(f"{path} is not a snapshot of {ckpt_path(args.ckpt)} (another run: "
                              f"{st['config']['model']} on {st['config']['task']} {st['config']['task_opts']}); "
                              f"move it out of the folder")
+    for path in paths:
+        m, _, st = load(path)
         _, inside = m(batch.x, return_internals=True)
         Z = manifold_stats(inside["final"][batch.mask], H, max_points=args.max_points)[0]
         rows[st["iter"]] = dict(step=st["iter"], **entropy_mae(m, task, batch),

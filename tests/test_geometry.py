@@ -269,6 +269,23 @@ def test_js_divergence():
     assert torch.allclose(geometry_stats.js_bits(p, q), torch.tensor([0.0, 1.0], dtype=D))
 
 
+def test_key_positions_mae_is_the_authors_paired_statistic_prefix_by_prefix():
+    """jlens paired_calibration_mae: for each t, the prefix k1 v1 .. k_t run alone, its last entropy against
+    log2(V - t + 1), |difference| averaged over sequences, then over t; the query's recall is not scored."""
+    task = make_task("bijection", V=5, layout="query")
+    model = tiny(vocab_size=5, n_classes=5, answer_offset=0, block_size=task.seq_len)
+    batch = task.sample(6, torch.Generator().manual_seed(0))
+    by_t = []
+    for t in range(1, task.L + 1):
+        with torch.no_grad():
+            p = torch.softmax(model(batch.x[:, :2 * t - 1])[:, -1].double(), -1)
+        h = -(p * p.log2()).sum(-1)
+        by_t.append((h - math.log2(task.V - t + 1)).abs().mean())
+    with torch.no_grad():
+        got = geometry_attention.key_positions_mae(model, task, batch)
+    assert got == pytest.approx(torch.stack(by_t).mean().item(), abs=1e-12)
+
+
 class AttentionOff(nn.Module):
     def __init__(self, out=None):
         super().__init__()
@@ -486,6 +503,17 @@ def test_ablate_on_a_regression_checkpoint(tmp_path):
     assert train.main(argv + SMALL) == 0
     assert geometry_main(["all", "--ckpt", str(tmp_path), "--n_seq", "8", "--no_plot"]) == 0
     assert read(str(tmp_path), "ablate")["ablations"][0]["ablation"] == "skip L0"
+
+
+def test_ablate_on_the_query_layout_scores_the_key_positions_as_the_authors_do(tmp_path):
+    argv = ["--task", "bijection", "--V", "6", "--layout", "query", "--n_head", "2", "--d_model", "16",
+            "--out_dir", str(tmp_path)]
+    assert train.main(argv + SMALL) == 0
+    assert geometry_main(["ablate", "--ckpt", str(tmp_path), "--n_seq", "8", "--no_plot"]) == 0
+    a = read(str(tmp_path), "ablate")
+    keys, every = a["frame_key_positions"], a["frame"]
+    assert set(keys["delta_mae"]) == set(every["delta_mae"]) == {f"L{l}H{h}" for l in (0, 1) for h in (0, 1)}
+    assert keys["baseline"] != a["baseline"]["mae_token"]  # the query's recall left out
 
 
 @pytest.mark.parametrize("content", [b"", b"\x80\x02garbage", b"epoch,loss\n"])
