@@ -315,8 +315,9 @@ def ablate(model, task, batch, state, args):
         keys = key_positions_mae(model, task, batch)
         d = {f"L{l}H{h}": key_positions_mae(model, task, batch, head_mask=masked(c, l, h)) - keys
              for l in range(c.n_layer) for h in range(c.n_head)}
+        skip = [key_positions_mae(model, task, batch, skip_layers={l}) / keys for l in range(c.n_layer)]
         r["frame_key_positions"] = dict(metric="mae_token at the key positions (key_positions_mae)",
-                                        baseline=keys, delta_mae=d, **concentration(d))
+                                        baseline=keys, skip_ratio=skip, delta_mae=d, **concentration(d))
     if delta:
         r["frame"] = dict(metric="mae_token", delta_mae=delta, **concentration(delta))
         if state["config"]["model"] in ATTENTION and state["config"]["task"] in KEY_TASKS:  # where keys applies
