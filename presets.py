@@ -429,11 +429,12 @@ def resume_config(state, known, given, out_dir):
 def check_train(train):
     """Settings that would crash deep inside torch, or train silently on nonsense (a negative rate), are refused;
     a curriculum that the run ends before is said (curriculum_note)."""
-    rules = dict(lr=(lambda x: x > 0, "> 0"), min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"),
+    rules = dict(max_iters=(lambda x: x >= 0, ">= 0"),  # first: a negative one is copied into lr_decay_iters
+                 lr=(lambda x: x > 0, "> 0"), min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"),
                  weight_decay=(lambda x: x >= 0, ">= 0"), beta1=(lambda x: 0 <= x < 1, "in [0, 1)"),
                  beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
                  warmup_iters=(lambda x: x >= 0, ">= 0"), lr_decay_iters=(lambda x: x >= 0, ">= 0 (0 = --max_iters)"),
-                 max_iters=(lambda x: x >= 0, ">= 0"), data_chunk=(lambda x: x >= 0, ">= 0 (0 = auto)"),
+                 data_chunk=(lambda x: x >= 0, ">= 0 (0 = auto)"),
                  curriculum_iters=(lambda x: x >= 0, ">= 0 (0 = half of --max_iters)"),
                  curriculum_hold=(lambda x: x >= 0, ">= 0"),
                  eval_batch_size=(lambda x: x >= 0, ">= 0 (0 = auto)"))

@@ -86,6 +86,8 @@ def data_source(train, device, task=None):
 def init_distributed(train, device):
     """(rank, world size): (0, 1) alone, else joins the torchrun process group (NCCL on GPUs, gloo on CPUs)."""
     world = env_int("WORLD_SIZE", 1)
+    if world == 0:
+        raise ValueError("environment variable WORLD_SIZE=0: a run has at least one process (unset it to run alone)")
     if world == 1:
         return 0, 1
     if train["batch_size"] % world:

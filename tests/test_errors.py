@@ -39,6 +39,19 @@ def test_world_size_abc_is_named_by_init_distributed(monkeypatch):
         runtime.init_distributed({"batch_size": 4}, None)
 
 
+def test_world_size_zero_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "0")
+    with pytest.raises(ValueError, match="WORLD_SIZE=0"):
+        runtime.init_distributed({"batch_size": 4}, None)
+
+
+def test_a_negative_max_iters_is_named_as_itself(capsys):
+    import train
+    assert exit_code(train.main, ["--max_iters", "-5", "--out_dir", "/nonexistent/never"]) == 2
+    err = capsys.readouterr().err
+    assert "--max_iters must be >= 0" in err and "lr_decay_iters" not in err, err
+
+
 @pytest.mark.parametrize("spec", ["accuracy>=1e400", "kl<=-1e999"])
 def test_stop_at_refuses_an_infinite_threshold(spec):
     with pytest.raises(ValueError, match="finite"):
