@@ -8,6 +8,7 @@ import pytest
 import checkpoints
 import presets
 import runtime
+import train
 from cli import exit_code
 
 
@@ -46,7 +47,6 @@ def test_world_size_zero_is_refused(monkeypatch):
 
 
 def test_a_negative_max_iters_is_named_as_itself(capsys):
-    import train
     assert exit_code(train.main, ["--max_iters", "-5", "--out_dir", "/nonexistent/never"]) == 2
     err = capsys.readouterr().err
     assert "--max_iters must be >= 0" in err and "lr_decay_iters" not in err, err
