@@ -27,9 +27,15 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
+
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
+    line = "bench.py: error: interrupted; nothing was written\n"
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
 
 import torch
 import torch.nn.functional as F
@@ -229,9 +235,7 @@ def train_args(argv):
         presets.check_device(args.device)
         runtime.pick_device(args.device)
         if args.json:  # before the work, not after it
-            checkpoints.check_out_dir(os.path.dirname(args.json) or ".", "--json")
-            if os.path.isdir(args.json):
-                raise ValueError(f"--json {args.json}: is a folder; give a file name")
+            checkpoints.check_out_file(args.json, "--json")
     except ValueError as e:
         p.error(str(e))
     return args, models, sizes, p

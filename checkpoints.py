@@ -7,18 +7,17 @@ plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manage
   load_checkpoint renames the fields of older checkpoints (n_embd -> d_model) so that they still load; load
   gives a run's model (float64, eval mode) and task for analysis, build_model its initialisation too;
 - every file is written beside its name and renamed over it (write_file): a crash mid-write leaves the old
-  file whole, and torch.save on a full disk (DISK_FULL) is an OSError naming the file;
+  file whole, and a failed write (a full disk, a file size limit) is Python's OSError naming the file;
 - a new run refuses a folder that holds another (run_files); a run locks its folder for its lifetime
   (lock_out_dir), and --overwrite sets the old run aside until the new one has saved (set_aside, settle_aside);
 - print0: only rank 0 speaks for a run; it is here, below runtime.py, since a lock taken over says so in a line.
 """
 import builtins
 from contextlib import suppress
-import errno
 import glob
+import io
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -29,8 +28,6 @@ import torch.distributed as dist
 from presets import resolve_model
 from tasks import make_task
 
-# torch.save's errors on a full or failing disk: "failed writing file", "unexpected pos N vs M", "iostream error"
-DISK_FULL = r"writ|unexpected pos|iostream error"
 RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
 UMASK = os.umask(0o022)  # read by setting it: put back at once
 os.umask(UMASK)
@@ -46,7 +43,16 @@ def print0(*args, **kwargs):
 
 
 def save_checkpoint(path, state):
-    write_file(path, lambda tmp: torch.save(state, tmp))
+    """torch.save into memory, then written as bytes: on a full disk torch's own file writer says only
+    "unexpected pos N vs M", Python's write says "No space left on device" (or "File too large")."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    write_file(path, lambda tmp: write_bytes(tmp, buf.getbuffer()))
+
+
+def write_bytes(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed, history):
@@ -85,11 +91,22 @@ def set_rng_state(state, device):
         torch.cuda.set_rng_state(state["cuda_rng"], device)
 
 
+def load_weights(model, state, path):
+    """The checkpoint's weights into model, built from its model_config; weights that do not fit it (a model file
+    changed since the run, an edited checkpoint) are one line naming the first mismatch, not torch's list."""
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))
+        first = first if len(first) <= 100 else first[:97] + "..."
+        raise ValueError(f"{path}: its weights do not fit its model_config ({first})") from None
+
+
 def resume(state, model, opt, batches, device, train):
     """(step, elapsed time, history) of a new run, or of a checkpoint, with its model, optimizer and RNGs."""
     if state is None:
         return 0, 0.0, []
-    model.load_state_dict(state["model"])
+    load_weights(model, state, os.path.join(train["out_dir"], "ckpt.pt"))
     opt.load_state_dict(state["optimizer"])
     set_rng_state(state, device)
     try:
@@ -108,25 +125,26 @@ def ckpt_path(path):
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
 
 
-def build_model(state, trained=True):
+def build_model(state, trained=True, path="the checkpoint"):
     """The checkpoint's model, or (trained=False) the run's initialisation, in float64 eval mode."""
     if not trained:  # train.py seeds the global RNG with --seed, then builds the model
         torch.manual_seed(state["config"]["train"]["seed"])
     Config, Model = resolve_model(state["config"]["model"])  # a built-in name, or the class's file
     model = Model(Config(**state["model_config"]))
     if trained:
-        model.load_state_dict(state["model"])
+        load_weights(model, state, path)
     return model.double().eval()
 
 
 def load(path):
     """(model, task, state) from a run's out_dir or a checkpoint file."""
-    state = load_checkpoint(ckpt_path(path))
+    path = ckpt_path(path)
+    state = load_checkpoint(path)
     try:
-        return build_model(state), make_task(state["config"]["task"], **state["config"]["task_opts"]), state
+        return build_model(state, path=path), make_task(state["config"]["task"], **state["config"]["task_opts"]), state
     except (KeyError, TypeError, RuntimeError) as e:
-        raise ValueError(f"{ckpt_path(path)} is not a train.py checkpoint ({type(e).__name__}: {str(e)[:80]})") \
-            from None
+        why = str(e).splitlines()[0][:80] if str(e) else ""
+        raise ValueError(f"{path} is not a train.py checkpoint ({type(e).__name__}: {why})") from None
 
 
 # -----------------------------------------------------------------------------
@@ -149,8 +167,6 @@ def write_file(path, write):
         if tmp is not None:
             with suppress(OSError):
                 os.remove(tmp)
-        if isinstance(e, RuntimeError) and re.search(DISK_FULL, str(e)):  # torch.save's writer on a full disk
-            e = OSError(errno.EIO, str(e).splitlines()[0])
         if isinstance(e, OSError) and e.filename in (None, "", tmp):  # the one-line report names the file
             raise OSError(e.errno, e.strerror, path) from None
         raise
@@ -178,6 +194,13 @@ def check_out_dir(path, flag="--out_dir"):
     if not os.path.isdir(p) or not os.access(p, os.W_OK | os.X_OK):
         what = "a file" if os.path.isfile(p) else "not writable"
         raise ValueError(f"{flag} {path}: cannot write there ({p} is {what})")
+
+
+def check_out_file(path, flag):
+    """check_out_dir for a file of its own (bench.py's --json): its folder writable, and path not a folder."""
+    check_out_dir(os.path.dirname(path) or ".", flag)
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: is a folder; give a file name")
 
 
 def run_files(out_dir):
@@ -224,9 +247,7 @@ def lock_out_dir(out_dir):
             except (OSError, ValueError):
                 owner = 0
             if owner in (os.getpid(), os.getppid()):  # handed over: now this process's, should the parent die
-                with open(f"{path}.{os.getpid()}", "w") as f:
-                    f.write(f"{os.getpid()}\n")
-                os.replace(f"{path}.{os.getpid()}", path)
+                write_text(path, f"{os.getpid()}\n")
                 return path
             stale = not owner and time.time() - _mtime(path) > 5  # empty for seconds: its owner died writing it
             if (not owner and not stale) or (owner and pid_alive(owner)) or attempt:  # empty: pid being written
@@ -237,8 +258,13 @@ def lock_out_dir(out_dir):
             with suppress(FileNotFoundError):
                 os.remove(path)
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()}\n")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+        except OSError as e:  # a full disk: no empty lock left behind to block the folder
+            with suppress(OSError):
+                os.remove(path)
+            raise OSError(e.errno, e.strerror, path) from None
         return path
 
 

@@ -19,9 +19,15 @@ summary.md tabulates the numbers; results/conditioning.md reads them against the
 import json
 import math
 import os
+import signal
 import sys
 import time
 import warnings
+
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
+    line = "conditioning.py: error: interrupted; nothing was written\n"
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
 
 import torch
 
@@ -77,9 +83,13 @@ def depth_width(args):
                     log = os.path.join(out_dir, "train.log")
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # the zero-width MLP's "Initializing zero-element tensors"
-                        code = runtime.run_in_process(train.main, argv, log, "w", contain=False)
+                        try:
+                            code = runtime.run_in_process(train.main, argv, log, "w", contain=False)
+                        except SystemExit as e:  # train.py refused a flag or its environment, in its log
+                            code = e.code
                     if code not in (0, 1):  # 1: diverged, the loss or the parameters stopped being finite
-                        raise ChildProcessError(code, f"train.py stopped with exit code {code} (the log says why)", log)
+                        raise ValueError(f"a depth_width run stopped (exit code {code}): {runtime.log_error(log)} "
+                                         f"(log {log})")
                     acc = n_params = None  # a diverged run writes no results.json
                     if code == 0:
                         with open(os.path.join(out_dir, "results.json")) as f:
@@ -320,6 +330,10 @@ def main(argv=None):
                     results[name] = load_result(name, path(name, "json"))
                     if args.command == "summary":  # the figures too, from the same json
                         save_figure(steps[name][1], results[name], path(name, "png"))
+            if not results:  # an empty summary.md would read as if the experiments had found nothing
+                names = ", ".join(f"{n}.json" for n in EXPERIMENTS)
+                raise ValueError(f"no experiment's JSON in {args.results} ({names}): run `conditioning.py all "
+                                 f"--results {args.results}` first, or pass the folder that holds them")
             checkpoints.write_text(path("summary", "md"), summary(results))
             print(f"wrote {path('summary', 'md')}")
     except ValueError as e:  # bad sizes reach the memory or the task as ValueError

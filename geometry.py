@@ -37,7 +37,13 @@ from functools import partial
 import glob
 import json
 import os
+import signal
 import sys
+
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
+    line = "geometry.py: error: interrupted; nothing was written\n"
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
 
 import torch
 from einops import rearrange
@@ -346,15 +352,45 @@ def claims(runs, found):
     return figures, missing
 
 
-def read_runs(run_dirs):  # (runs, their figures); no geometry_*.json, a corrupt or foreign one: a ValueError
-    runs, found = [], []
+# what does not change the weights a run ends with: where and how it ran, and how often it reported
+NOT_RECIPE = {"out_dir", "seed", "device", "dtype", "compile", "data_device", "data_chunk", "log_interval",
+              "eval_interval", "eval_samples", "eval_samples_during", "eval_batch_size", "eval_seed",
+              "eval_seed_during", "eval_K", "ckpt_schedule", "stop_at", "resume", "overwrite", "eval_only"}
+
+
+def recipe(heads, meta):
+    """What seeds of one recipe share: the task and model the diagnostics read, and where the run's results.json
+    is there, its task's and model's settings and its training flags but the seed."""
+    part = lambda d, key: d.get(key) if isinstance(d.get(key), dict) else {}
+    return ({k: d[k] for d in (*heads, meta) for k in ("task", "model") if k in d}
+            | {f"task's {k}": v for k, v in part(meta, "task_options").items()}
+            | {f"model's {k}": v for k, v in part(meta, "model_config").items()}
+            | {f"--{k}": v for k, v in part(part(meta, "config"), "train").items() if k not in NOT_RECIPE})
+
+
+def read_runs(run_dirs):
+    """(runs, their figures) of seeds of one recipe. No geometry_*.json, a corrupt or foreign one, one run given
+    twice, or runs of different recipes (recipe) or of one seed: a ValueError naming them."""
+    runs, found, recipes = [], [], []
     for run in run_dirs:
         paths = {n: f for n in DIAGNOSTICS if os.path.exists(f := os.path.join(run, f"geometry_{n}.json"))}
         if not paths:
             raise ValueError(f"no geometry_*.json in {run} (first: geometry.py all --ckpt {run})")
         meta = read_json(r) if os.path.exists(r := os.path.join(run, "results.json")) else {}
-        runs.append(dict(run=run, seed=meta.get("seed"), iter=meta.get("iter")))
-        found.append({n: read_figures(n, read_json(f), f) for n, f in paths.items()})
+        heads = [read_json(f) for f in paths.values()]
+        runs.append(dict(run=run, seed=meta.get("seed"), iter=next((h["iter"] for h in heads if "iter" in h), None)))
+        found.append({n: read_figures(n, h, f) for (n, f), h in zip(paths.items(), heads)})
+        recipes.append(recipe(heads, meta))
+        for earlier, was in zip(runs[:-1], recipes[:-1]):
+            if os.path.realpath(run) == os.path.realpath(earlier["run"]):
+                raise ValueError(f"{run} is given twice: give each seed's run once")
+            k = next((k for k in was if k in recipes[-1] and was[k] != recipes[-1][k]), None)  # what both record
+            if k:
+                raise ValueError(f"{earlier['run']} and {run} are not seeds of one recipe: their {k} differ "
+                                 f"({was[k]} vs {recipes[-1][k]})")
+            if runs[-1]["seed"] is not None and runs[-1]["seed"] == earlier["seed"]:
+                raise ValueError(f"{earlier['run']} and {run} both ran with --seed {earlier['seed']}: the same run "
+                                 f"twice? give runs of different seeds")
     return runs, found
 
 
@@ -459,6 +495,7 @@ def main(argv=None):
                   f"{state['iter']}): nothing to analyse", file=sys.stderr)
             return 1
         cfg, path = state["config"], ckpt_path(args.ckpt)
+        check_out_dir(os.path.dirname(path), "--ckpt")  # the diagnostics go beside it: said now, not after the work
         if args.K is not None:
             if cfg["task"] != "hmm":
                 raise ValueError(f"--K applies to hmm checkpoints only, not {cfg['task']!r}")

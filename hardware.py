@@ -164,7 +164,7 @@ def bench_matmul(argv):
                 f"{free / 2**30:.1f} GiB is free here; use a smaller --n")
     if args.json:
         try:
-            checkpoints.check_out_dir(os.path.dirname(args.json) or ".", "--json")
+            checkpoints.check_out_file(args.json, "--json")  # before the work, not after it
         except ValueError as e:
             p.error(str(e))
     m = machine(args.threads, args.n, args.reps)
@@ -421,9 +421,7 @@ def bench_gpu(argv):
     try:
         presets.check_device(args.device)
         dev = runtime.pick_device(args.device)
-        checkpoints.check_out_dir(os.path.dirname(args.json) or ".", "--json")
-        if os.path.isdir(args.json):
-            raise ValueError(f"--json {args.json}: is a folder; give a file name")
+        checkpoints.check_out_file(args.json, "--json")
     except ValueError as e:
         p.error(str(e))
     if dev.type == "cpu" and not args.dry_run:

@@ -19,13 +19,20 @@ Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) and
 (write_table). Only `--results results` writes the committed results/, so a partial sweep never
 replaces that table. `time_to_target` is time_to_target.py's program, dispatched from here (main).
 """
+from contextlib import redirect_stderr
 from dataclasses import fields
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
+    line = "reproduce.py: error: interrupted; nothing was written\n"
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
 
 import torch
 
@@ -95,6 +102,35 @@ def cell_dir(out_root, task, model):
 def flags(opts):
     """{"K": 4, "eval_K": [6]} -> ["--K", "4", "--eval_K", "6"]"""
     return [a for k, v in opts.items() for a in (f"--{k}", *map(str, v if isinstance(v, list) else [v]))]
+
+
+# how and where a cell ran, not what it computed: a finished cell is kept whatever these were
+HOW = {"out_dir", "device", "compile", "data_device", "data_chunk", "log_interval", "ckpt_schedule", "resume",
+       "overwrite", "eval_only"}
+
+
+def cell_config(argv):
+    """The config train.py would run a cell's argv with, each value checked (presets.check_train) before any
+    cell runs: a bad value after `--` stops the sweep at once, not once in every cell's log."""
+    known, given, _ = presets.parse_args(argv)
+    cfg = presets.build_config(known.task, known.model, known.preset, given)
+    with redirect_stderr(io.StringIO()):  # a curriculum's note: the cell's own run says it, in its log
+        presets.check_train(cfg["train"])
+    return json.loads(json.dumps(cfg))  # as results.json holds it: lists, not tuples
+
+
+def other_run(r, cfg):
+    """Why a cell's results.json (r) is not the run its command line (cfg) asks for, or None: another task's or
+    model's run, or a setting that differs (one of the flags after `--` changed since the cell finished)."""
+    if (r.get("task"), r.get("model")) != (cfg["task"], cfg["model"]):
+        return f"a {r.get('task')} x {r.get('model')} run"
+    was = r.get("config") if isinstance(r.get("config"), dict) else {}
+    for part in ("train", "task_opts", "model_opts"):
+        old = was.get(part) if isinstance(was.get(part), dict) else {}
+        for k, v in cfg[part].items():
+            if k in old and k not in HOW and old[k] != v:
+                return f"a run with --{k} {old[k]} (the command line gives {v})"
+    return None
 
 
 def load_results(out_dir):
@@ -263,7 +299,9 @@ def write_table(preset, tasks, models, out_root, results_dir, status, notes=()):
                   "| other lengths, MAE per token | steps | time | device |", "|---" * 11 + "|"]
         rows = []
         for model in models:
-            r, paper = load_results(cell_dir(out_root, task, model)), PAPER.get(task, {}).get(model, "—")
+            held = status.get((task, model), "").startswith("holds")  # another run's results: not this cell's
+            r = None if held else load_results(cell_dir(out_root, task, model))
+            paper = PAPER.get(task, {}).get(model, "—")
             name = presets.model_name(model)  # a model from a file: its class
             if r is None:
                 lines.append(f"| {name} | {status.get((task, model), 'not run')} |" + " |" * 9)
@@ -360,20 +398,29 @@ def sweep(args, extra):
     jobs = args.jobs or max(n_gpus, 1)
     todo, status = [], {}
     notes = []  # why each n/a cell is
-    for task, model in cells:
-        out_dir = cell_dir(out_root, task, model)
-        argv = cell_argv(task, model, args.preset, out_dir, extra)
-        presets.parse_args(argv)  # a bad flag in `extra` stops here, before anything runs (one-line error, exit 2)
-        why = refusal(task, model)
-        if why:  # e.g. a model with token inputs only, on regression
-            status[(task, model)] = "n/a"
-            notes.append(f"{task} x {presets.model_name(model)}: n/a, {why}.")
-        elif load_results(out_dir) is not None:
-            status[(task, model)] = "finished before"
-        elif not args.table_only:
-            resume = ["--resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
-            todo.append(((task, model), argv + resume, os.path.join(out_dir, "train.log")))
-    try:  # before any cell runs
+    try:  # before any cell runs: a bad flag or value in `extra` (presets.parse_args: its own one line, exit 2)
+        for task, model in cells:
+            out_dir = cell_dir(out_root, task, model)
+            argv = cell_argv(task, model, args.preset, out_dir, extra)
+            why = refusal(task, model)
+            if why:  # e.g. a model with token inputs only, on regression
+                status[(task, model)] = "n/a"
+                notes.append(f"{task} x {presets.model_name(model)}: n/a, {why}.")
+                continue
+            cfg, r = cell_config(argv), load_results(out_dir)
+            other = r and other_run(r, cfg)
+            if other and not args.table_only:
+                raise ValueError(f"{out_dir} holds {other}: pass another --out for this command line, or move "
+                                 f"that folder away to run the cell again")
+            elif other:
+                status[(task, model)] = f"holds {other}"
+            elif r is not None:
+                status[(task, model)] = "finished before"
+            elif not args.table_only:
+                resume = ["--resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
+                todo.append(((task, model), argv + resume, os.path.join(out_dir, "train.log")))
+            elif os.path.exists(os.path.join(out_dir, "results.json")):
+                status[(task, model)] = "results.json unreadable or unfinished"
         for flag, path in (("--out", out_root), ("--results", args.results)):
             checkpoints.check_out_dir(path, flag)
     except ValueError as e:
@@ -402,7 +449,8 @@ def sweep(args, extra):
             else:
                 status[(task, model)] = f"failed (exit {rc}), see train.log"
                 log = os.path.join(out_dir, "train.log")
-                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}); see {log}")
+                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}): {runtime.log_error(log)}; see {log}",
+                      file=sys.stderr)
     finally:
         cells_run.close()  # an interrupt stops the running cells and waits for them
     path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status, notes)

@@ -16,12 +16,14 @@ checkpoints.py's.
 """
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 import argparse
+from datetime import timedelta
 import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 import traceback
 
 import torch
@@ -32,6 +34,7 @@ from checkpoints import (check_out_dir, lock_out_dir, print0, run_files, run_tmp
                          settle_aside, unlock_out_dir)
 
 VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_at reached, not finite, it failed
+RENDEZVOUS_S = 300  # how long the processes of a torchrun run wait for each other to start
 
 # -----------------------------------------------------------------------------
 # devices: CPU, CUDA (bf16 autocast, torch.compile), MPS, torchrun
@@ -88,6 +91,8 @@ def init_distributed(train, device):
     world = env_int("WORLD_SIZE", 1)
     if world == 0:
         raise ValueError("environment variable WORLD_SIZE=0: a run has at least one process (unset it to run alone)")
+    if env_int("RANK", 0) >= world:
+        raise ValueError(f"environment variable RANK={os.environ['RANK']} must be below WORLD_SIZE={world}")
     if world == 1:
         return 0, 1
     if train["batch_size"] % world:
@@ -96,8 +101,39 @@ def init_distributed(train, device):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        rank, store = rendezvous(world)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world)
     return dist.get_rank(), world
+
+
+def rendezvous(world):
+    """(this process's RANK, the store every rank meets at): torchrun's MASTER_ADDR:MASTER_PORT, hosted by rank 0
+    (or by torchrun's agent). torch's own rendezvous waits in C++ for the other processes, deaf to Ctrl-C and
+    SIGTERM, for 30 minutes; here each process waits in Python, and one missing after RENDEZVOUS_S seconds (a
+    WORLD_SIZE set by hand, a rank that crashed at start) ends the run with a line saying so."""
+    rank, port, addr = env_int("RANK", 0), env_int("MASTER_PORT", 0), os.environ.get("MASTER_ADDR", "")
+    if not (addr and 0 < port < 2 ** 16):
+        raise ValueError(f"WORLD_SIZE={world} needs MASTER_ADDR and a MASTER_PORT in [1, 65535]: start the run "
+                         f"with torchrun, which sets them, or unset WORLD_SIZE to run alone")
+    where = f"MASTER_ADDR:MASTER_PORT {addr}:{port}"
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent already hosts the store
+    try:
+        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent, wait_for_workers=False,
+                              timeout=timedelta(seconds=RENDEZVOUS_S), multi_tenant=True)
+    except (RuntimeError, OSError) as e:  # rank 0's port taken, or no rank 0 to reach within the time
+        raise ValueError(f"rank {rank} could not {'host' if rank == 0 and not agent else 'reach'} the rendezvous "
+                         f"at {where} ({str(e).splitlines()[0][:100]})") from None
+    key = f"windtunnel_joined_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restart counts afresh
+    deadline = time.time() + RENDEZVOUS_S
+    joined = store.add(key, 1)
+    while joined < world:
+        if time.time() > deadline:
+            raise ValueError(f"{joined} of WORLD_SIZE={world} processes joined at {where} in {RENDEZVOUS_S} s: "
+                             f"start every rank (torchrun --nproc_per_node {world} train.py ...), or unset "
+                             f"WORLD_SIZE to run alone")
+        time.sleep(0.1)  # Ctrl-C and SIGTERM are heard here
+        joined = store.add(key, 0)
+    return rank, store
 
 
 def data_parallel(model, device, world):
@@ -418,13 +454,23 @@ def check_sizes(p, threads=None, seeds=(), seed_flag="--seed", **sizes):
 
 
 def interrupt(signum, frame):
+    """Ctrl-C or SIGTERM: KeyboardInterrupt, once; a second signal while the run saves and says what it kept is
+    ignored, so that neither the report nor its exit code is cut short."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def cli(main, prog, kept):
     """A script's main() from the shell: Ctrl-C, or SIGTERM (kill, a scheduler's stop), ends it with one line
     (what was kept) and exit code 2; a full or read-only disk, or no memory, with one line and exit code 1."""
-    signal.signal(signal.SIGTERM, interrupt)
+    for s in (signal.SIGINT, signal.SIGTERM):  # in place of the script's own, while its imports loaded
+        signal.signal(s, interrupt)
+    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if threads and not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", threads):  # else libgomp warns,
+        print(f"{prog}: error: environment variable OMP_NUM_THREADS={threads!r} must be a number of threads >= 1 "
+              f"(unset it to use every core)", file=sys.stderr)  # and the run goes on with a default
+        sys.exit(2)
     try:
         sys.exit(main())
     except KeyboardInterrupt as e:
@@ -438,6 +484,16 @@ def cli(main, prog, kept):
             e.hint = "(try smaller sizes)"
         print(f"{prog}: error: {fault(e).splitlines()[0]}; {kept}", file=sys.stderr)
         sys.exit(1)
+
+
+def log_error(log):
+    """The line of a run's log that says why it stopped: its last "error:" line, else its last line."""
+    try:
+        with open(log, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return f"{log} cannot be read"
+    return next((line for line in reversed(lines) if ": error: " in line), lines[-1] if lines else "its log is empty")
 
 
 def run_in_process(main, argv, log, mode="a", contain=True):

@@ -6,13 +6,20 @@ training steps, training sequences (steps x batch size, the same on any machine)
     python reproduce.py time_to_target --recipe preset     # the preset's own schedules
     python reproduce.py time_to_target --from_runs out/reproduce/quick    # read finished runs instead
 
-`python reproduce.py time_to_target` is the command line (reproduce.py dispatches here); what it measures,
+`python reproduce.py time_to_target` (or `python time_to_target.py`) is the command line; what it measures,
 its targets (TARGETS, and ALSO beside them) and its flags: time_to_target's docstring. Each task is one
 train.py run in this process that stops at its target (train.py --stop_at); target_row reads the step of the
 first evaluation that met it from the run's results.json.
 """
 import json
 import os
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
+    line = "time_to_target.py: error: interrupted; nothing was written\n"
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
 
 import torch
 
@@ -153,8 +160,10 @@ def task_row(t, args, extra, p):
             return None
     try:
         with open(os.path.join(out_dir, "results.json")) as f:
-            return target_row(t, json.load(f), out_dir,
-                              " ".join(FAST[t]) if args.recipe == "fast" and not args.from_runs else "")
+            r = json.load(f)
+        if (r["task"], r["model"]) != (t, "transformer"):
+            raise ValueError(f"it holds a {r['task']} x {r['model']} run, not {t} x transformer")
+        return target_row(t, r, out_dir, " ".join(FAST[t]) if args.recipe == "fast" and not args.from_runs else "")
     except (KeyError, TypeError, ValueError) as e:  # a corrupt or foreign file, a run without evaluations
         p.error(f"{os.path.join(out_dir, 'results.json')}: not a train.py run to read a time to target from "
                 f"({type(e).__name__}: {e})")
@@ -174,3 +183,7 @@ def table(rows):
                      f"| {w['run_steps']} steps, {runtime.fmt_time(w['run_time_s'])}, {w['device']} "
                      f"| {w['eval_interval']} |")
     return lines
+
+
+if __name__ == "__main__":  # the same program as `python reproduce.py time_to_target`
+    runtime.cli(lambda: time_to_target(sys.argv[1:]), "time_to_target.py", "each run keeps its last checkpoint")

@@ -15,8 +15,14 @@ from dataclasses import asdict, fields, replace
 import math
 import os
 import re
+import signal
 import sys
 import time
+
+if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
+    line = "train.py: error: interrupted; nothing was written\n"
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
 
 import torch
 
@@ -280,7 +286,8 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
         if verdict in ("diverged", "failed"):  # rank 0 said why
             return 1 if verdict == "diverged" else 2
     if eval_only and not all(torch.isfinite(p).all() for p in model.parameters()):
-        print0(f"the parameters in {out_dir} are not finite (step {it}): nothing to evaluate", file=sys.stderr)
+        print0(f"train.py: error: the parameters in {out_dir} are not finite (step {it}): nothing to evaluate",
+               file=sys.stderr)
         return 1
     if proc.alone():
         final_eval(cfg, eval_tasks, eval_fwd, proc, ctx, it, history, elapsed + time.time() - t_start,

@@ -136,6 +136,7 @@ def test_resume_below_the_checkpoints_step_is_refused(tmp_path, capsys):
 # the analysis scripts: geometry, conditioning, bench, reproduce; the files they write
 
 import errno
+import signal
 import time
 
 import bench
@@ -300,7 +301,8 @@ def test_time_to_target_on_a_full_disk_is_one_line(monkeypatch, tmp_path, capsys
     run = tmp_path / "runs" / "recall_transformer"
     run.mkdir(parents=True)
     (run / "results.json").write_text(json.dumps(dict(
-        history=[dict(iter=50, time=1.0, accuracy=1.0, mae_curve=0.0, mae_token=0.0, kl=0.0)], iters=50,
+        task="recall", model="transformer", iters=50,
+        history=[dict(iter=50, time=1.0, accuracy=1.0, mae_curve=0.0, mae_token=0.0, kl=0.0)],
         wall_time_s=1.0, device="cpu", config=dict(train=dict(batch_size=8, eval_interval=50)))))
 
     def full(path, text):
@@ -338,3 +340,275 @@ def test_out_of_memory_in_any_script_is_one_line(capsys):
         runtime.cli(main, "bench.py", "nothing was written")
     assert e.value.code == 1  # a fault, not a usage error
     one_line(capsys, "bench.py: error: out of memory (try smaller sizes); nothing was written")
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert run_main(TINY_RUN + ["--out_dir", str(run)]) == 0
+    state = torch.load(run / "ckpt.pt", weights_only=True)
+    state["model_config"]["n_layer"] = 2  # the weights are a 1-layer model's
+    torch.save(state, run / "ckpt.pt")
+    capsys.readouterr()
+    assert run_main(["--resume", "--out_dir", str(run), "--max_iters", "4"]) == 2
+    one_line(capsys, f"{run / 'ckpt.pt'}: its weights do not fit its model_config (Missing key(s)")
+    assert exit_code(geometry.main, ["keys", "--ckpt", str(run)]) == 2
+    one_line(capsys, "its weights do not fit its model_config")
+
+
+def seed_of(path, seed, task="bijection", V=6, lr=3e-3):
+    """A run's results.json as train.py writes it, with what seeds compares: task, model, settings, flags, seed."""
+    with open(os.path.join(path, "results.json"), "w") as f:
+        json.dump(dict(task=task, model="transformer", seed=seed, task_options=dict(V=V), model_config=dict(n_layer=1),
+                       config=dict(train=dict(lr=lr, seed=seed, out_dir=str(path), eval_interval=seed + 1))), f)
+    return path
+
+
+@pytest.mark.parametrize("b, want", [
+    (dict(seed=1), "both ran with --seed 1: the same run twice?"),
+    (dict(seed=2, V=7), "are not seeds of one recipe: their task's V differ (6 vs 7)"),
+    (dict(seed=2, lr=1e-3), "their --lr differ (0.003 vs 0.001)"),
+    (dict(seed=2, task="recall"), "their task differ (bijection vs recall)"),
+])
+def test_seeds_refuses_runs_of_different_recipes_or_one_seed(tmp_path, capsys, b, want):
+    a = seed_of(geometry_run(tmp_path / "a", 1), 1)
+    other = seed_of(geometry_run(tmp_path / "b", 1), **b)
+    assert exit_code(geometry.main, ["seeds", a, other, "--out", str(tmp_path / "out")]) == 2
+    one_line(capsys, want)
+    assert exit_code(geometry.main, ["seeds", a, seed_of(other, 2), "--out", str(tmp_path / "out")]) == 0
+
+
+def test_seeds_refuses_a_run_given_twice(tmp_path, capsys):
+    a = geometry_run(tmp_path / "a", 1)
+    assert exit_code(geometry.main, ["seeds", a, a + "/", "--out", str(tmp_path / "out")]) == 2
+    one_line(capsys, "is given twice")
+
+
+def test_seeds_refuses_diagnostics_of_another_task(tmp_path, capsys):
+    a, b = geometry_run(tmp_path / "a", 1), geometry_run(tmp_path / "b", 1)
+    for run, task in ((a, "bijection"), (b, "recall")):
+        qk = json.load(open(os.path.join(run, "geometry_qk.json")))
+        json.dump(qk | dict(task=task, model="transformer"), open(os.path.join(run, "geometry_qk.json"), "w"))
+    assert exit_code(geometry.main, ["seeds", a, b, "--out", str(tmp_path / "out")]) == 2
+    one_line(capsys, "their task differ (bijection vs recall)")
+
+
+def test_conditioning_summary_of_a_folder_without_results_is_refused(tmp_path, capsys):
+    assert exit_code(conditioning.main, ["summary", "--results", str(tmp_path)]) == 2
+    one_line(capsys, f"no experiment's JSON in {tmp_path} (capacity.json")
+    assert not (tmp_path / "summary.md").exists()
+
+
+def test_a_checkpoint_past_the_file_size_limit_is_named_as_such(tmp_path):
+    import resource
+    import subprocess
+    import sys
+    run = tmp_path / "run"
+    assert run_main(TINY_RUN + ["--out_dir", str(run)]) == 0
+    good = (run / "ckpt.pt").read_bytes()
+    limit = len(good) // 2  # the checkpoint cannot be written whole; the log and the lock can
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "train.py", "--resume", "--out_dir", str(run), "--max_iters", "4",
+                        "--eval_interval", "4"], cwd=root, capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"),
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    err = p.stderr.strip()
+    assert p.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{run / 'ckpt.pt'}: File too large at step 4; kept {run / 'ckpt.pt'} (step 2)" in err, err
+    assert (run / "ckpt.pt").read_bytes() == good and not list(run.glob("*.tmp"))
+
+
+def test_a_lock_that_cannot_be_written_is_named_and_removed(tmp_path, monkeypatch):
+    class Full:  # the disk fills between creating the lock and writing its pid
+        def __init__(self, fd, mode):
+            os.close(fd)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(checkpoints.os, "fdopen", Full)
+    with pytest.raises(OSError) as e:
+        checkpoints.lock_out_dir(str(tmp_path))
+    assert e.value.filename == str(tmp_path / ".lock") and e.value.errno == errno.ENOSPC
+    assert not (tmp_path / ".lock").exists()  # an empty lock would refuse the next run into the folder
+
+
+CELL = ["--preset", "tiny", "--tasks", "bijection", "--models", "mlp"]
+
+
+def test_reproduce_checks_the_values_after_dashes_before_any_cell(tmp_path, capsys):
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--", "--lr", "nan"]) == 2
+    one_line(capsys, "--lr must be a finite number, got nan")
+    assert os.listdir(tmp_path) == []
+
+
+def test_reproduce_does_not_keep_a_finished_cell_under_other_flags(tmp_path, capsys):
+    assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--", "--lr", "1e-3"]) == 2
+    one_line(capsys, "bijection_mlp holds a run with --lr 0.002 (the command line gives 0.001): pass another --out")
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--", "--device", "cpu"]) == 0  # where, not what
+    assert "1 finished before (skipped), 0 to run" in capsys.readouterr().out
+
+
+def test_reproduce_does_not_tabulate_another_cells_run(tmp_path, capsys):
+    assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 0
+    cell = tmp_path / "tiny" / "bijection_mlp" / "results.json"
+    cell.write_text(cell.read_text().replace('"task": "bijection"', '"task": "hmm"'))
+    capsys.readouterr()
+    assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 2
+    one_line(capsys, "bijection_mlp holds a hmm x mlp run")
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only"]) == 0
+    assert "| mlp | holds a hmm x mlp run |" in (tmp_path / "tiny" / "table.md").read_text()
+    cell.write_text("{garbage")
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only"]) == 0
+    assert "| mlp | results.json unreadable or unfinished |" in (tmp_path / "tiny" / "table.md").read_text()
+
+
+def test_time_to_target_refuses_another_tasks_run(tmp_path, capsys):
+    run = tmp_path / "runs" / "bijection_transformer"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps(dict(task="recall", model="transformer", history=[])))
+    argv = ["time_to_target", "--tasks", "bijection", "--from_runs", str(tmp_path / "runs"), "--results",
+            str(tmp_path)]
+    assert exit_code(reproduce.main, argv) == 2
+    one_line(capsys, "it holds a recall x transformer run, not bijection x transformer")
+
+
+def test_time_to_target_py_is_the_same_program():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "time_to_target.py", "--tasks", "nope"], cwd=root, capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == ("reproduce.py time_to_target: error: unknown "
+                                                                       "task 'nope'; valid tasks: bijection, hmm, "
+                                                                       "recall, regression"), p.stderr
+
+
+def free_port():
+    import socket
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    except OSError:
+        pytest.skip("no socket on 127.0.0.1 here")
+
+
+def test_a_rank_whose_partners_never_start_ends_with_a_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(runtime, "RENDEZVOUS_S", 1)
+    for k, v in dict(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(k, v)
+    assert run_main(TINY_RUN + ["--out_dir", str(tmp_path / "run")]) == 2
+    one_line(capsys, "1 of WORLD_SIZE=2 processes joined at MASTER_ADDR:MASTER_PORT 127.0.0.1:")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("env, want", [(dict(WORLD_SIZE="2", RANK="2"), "RANK=2 must be below WORLD_SIZE=2"),
+                                       (dict(WORLD_SIZE="1", RANK="5"), "RANK=5 must be below WORLD_SIZE=1"),
+                                       (dict(WORLD_SIZE="2", RANK="0"), "needs MASTER_ADDR and a MASTER_PORT")])
+def test_a_torchrun_environment_without_its_rank_or_master_is_named(monkeypatch, tmp_path, capsys, env, want):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert run_main(TINY_RUN + ["--out_dir", str(tmp_path / "run")]) == 2
+    one_line(capsys, want)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_a_rank_waiting_for_its_partners(tmp_path, sig):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, "train.py", *TINY_RUN, "--out_dir", str(tmp_path / "run")], cwd=root,
+                         env=env, stderr=subprocess.PIPE, text=True)
+    time.sleep(5)  # imported, and waiting for rank 1 (300 s before it gives up)
+    p.send_signal(sig)
+    err = p.communicate(timeout=10)[1].strip()
+    assert p.returncode == 2 and err == "train.py: error: interrupted; nothing was written (training had not started)"
+
+
+def start(argv, tmp_path):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.Popen([sys.executable, "train.py", *argv, "--out_dir", str(tmp_path / "run")], cwd=root,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_torch_loads_is_one_line(tmp_path, sig):
+    p = start(TINY_RUN, tmp_path)
+    time.sleep(0.5)  # python is up, torch is not
+    p.send_signal(sig)
+    err = p.communicate(timeout=10)[1].strip()
+    assert p.returncode == 2 and err == "train.py: error: interrupted; nothing was written", err
+    assert not (tmp_path / "run").exists()
+
+
+def test_two_quick_ctrl_cs_are_one_report_and_exit_code_2(tmp_path):
+    p = start(TINY_RUN[:-8] + ["--max_iters", "1000000", "--eval_interval", "20", "--eval_samples_during", "10"],
+              tmp_path)
+    while not (tmp_path / "run" / "ckpt.pt").exists():  # training, past its first checkpoint
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.01)
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=20)[1].strip()
+    assert p.returncode == 2 and len(err.splitlines()) == 1 and "interrupted at step" in err, err
+    assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["iter"] >= 20
+
+
+def test_a_bad_environment_under_a_sweep_is_said_on_stderr(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bijection x mlp: FAILED (exit 2): train.py: error: environment variable WORLD_SIZE='abc'" \
+        in err[0] and "train.log" in err[0], err
+    argv = ["depth_width", "--results", str(tmp_path / "r"), "--scratch", str(tmp_path / "s"), "--twin", "false",
+            "--n_facts", "2", "--facts_per_chain", "2", "--n_entities", "4", "--ws", "1", "2", "8", "--nd", "2", "1",
+            "--seeds", "0", "--max_iters", "2", "--batch_size", "4", "--eval_samples", "10"]
+    assert exit_code(conditioning.main, argv) == 2
+    one_line(capsys, "conditioning.py: error: a depth_width run stopped (exit code 2): train.py: error: environment "
+                     "variable WORLD_SIZE='abc'")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "4,x"])
+def test_omp_num_threads_that_is_not_a_count_is_refused(monkeypatch, capsys, value):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    with pytest.raises(SystemExit) as e:
+        runtime.cli(lambda: pytest.fail("main ran"), "train.py", "nothing was written")
+    assert e.value.code == 2
+    one_line(capsys, f"train.py: error: environment variable OMP_NUM_THREADS={value!r} must be a number of threads")
+
+
+def test_omp_num_threads_of_a_count_runs(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    with pytest.raises(SystemExit) as e:
+        runtime.cli(lambda: 0, "train.py", "nothing was written")
+    assert e.value.code == 0
+
+
+def test_bench_matmul_refuses_a_json_that_is_a_folder_before_measuring(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(hardware, "machine", lambda *a, **k: pytest.fail("measured first"))
+    assert exit_code(bench.main, ["matmul", "--n", "8", "--reps", "1", "--json", str(tmp_path)]) == 2
+    assert f"--json {tmp_path}: is a folder; give a file name" in capsys.readouterr().err
+
+
+def test_geometry_on_a_read_only_run_says_so_before_the_work(tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    assert run_main(TINY_RUN + ["--out_dir", str(run)]) == 0
+    monkeypatch.setattr(os, "access", lambda path, mode: os.path.realpath(path) != os.path.realpath(run))
+    monkeypatch.setitem(geometry.RUN, "keys", lambda *a: pytest.fail("analysed first"))
+    capsys.readouterr()
+    assert exit_code(geometry.main, ["keys", "--ckpt", str(run)]) == 2
+    one_line(capsys, f"--ckpt {run}: cannot write there ({run} is not writable)")

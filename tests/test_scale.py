@@ -114,7 +114,8 @@ def test_time_to_target_trains_until_the_target_and_reads_finished_runs(tmp_path
     os.makedirs(runs / "bijection_transformer")
     history = [dict(iter=2, time=1.0, mae_curve=0.3, mae_token=0.4), dict(iter=4, time=2.0, mae_curve=0.008,
                                                                           mae_token=0.012)]
-    json.dump(dict(history=history, iters=4, wall_time_s=3.0, device="cpu", config=dict(train=dict(eval_interval=2))),
+    json.dump(dict(task="bijection", model="transformer", history=history, iters=4, wall_time_s=3.0, device="cpu",
+                   config=dict(train=dict(eval_interval=2))),
               open(runs / "bijection_transformer" / "results.json", "w"))
     assert reproduce.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs),
                            "--results", str(res)]) == 0
@@ -152,7 +153,8 @@ def time_to_target_of(tmp_path, task, history):
     """time_to_target's row for a finished run of task with this history, read with --from_runs."""
     import reproduce
     os.makedirs(tmp_path / f"{task}_transformer")
-    json.dump(dict(history=history, iters=history[-1]["iter"], wall_time_s=history[-1]["time"] + 1, device="cpu",
+    json.dump(dict(task=task, model="transformer", history=history, iters=history[-1]["iter"],
+                   wall_time_s=history[-1]["time"] + 1, device="cpu",
                    config=dict(train=dict(eval_interval=100, batch_size=64))),
               open(tmp_path / f"{task}_transformer" / "results.json", "w"))
     assert reproduce.main(["time_to_target", "--tasks", task, "--from_runs", str(tmp_path),
@@ -234,7 +236,8 @@ def test_time_to_target_writes_under_out_unless_told_and_checks_results_first(tm
     runs = tmp_path / "runs"
     os.makedirs(runs / "bijection_transformer")
     history = [dict(iter=2, time=1.0, mae_curve=0.3)]
-    json.dump(dict(history=history, iters=2, wall_time_s=1.0, device="cpu", config=dict(train=dict(eval_interval=2))),
+    json.dump(dict(task="bijection", model="transformer", history=history, iters=2, wall_time_s=1.0, device="cpu",
+                   config=dict(train=dict(eval_interval=2))),
               open(runs / "bijection_transformer" / "results.json", "w"))
     monkeypatch.chdir(tmp_path)
     assert reproduce.main(["time_to_target", "--tasks", "bijection", "--from_runs", str(runs)]) == 0
