@@ -10,7 +10,8 @@ plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manage
   file whole, and a failed write (a full disk, a file size limit) is Python's OSError naming the file;
 - a new run refuses a folder that holds another (run_files); a run locks its folder for its lifetime
   (lock_out_dir), and --overwrite sets the old run aside until the new one has saved (set_aside, settle_aside);
-- print0: only rank 0 speaks for a run; it is here, below runtime.py, since a lock taken over says so in a line.
+- print0: only rank 0 speaks for a run; it is here, below runtime.py, since a lock taken over says so in a line;
+- what a run records of itself (code_version), and which of two runs' settings differ (setting_differs).
 """
 import builtins
 from contextlib import suppress
@@ -19,6 +20,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 
@@ -77,6 +79,16 @@ def load_checkpoint(path):
             d["d_model"] = d.pop("n_embd")
         d.pop("init_std", None)
     return state
+
+
+def code_version():  # the git commit a run records in results.json, "-dirty" with edits
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        git = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5).stdout.strip()
+        rev = git("rev-parse", "--short", "HEAD")
+        return (rev + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")) if rev else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def rng_state(device):
@@ -201,6 +213,25 @@ def check_out_file(path, flag):
     check_out_dir(os.path.dirname(path) or ".", flag)
     if os.path.isdir(path):
         raise ValueError(f"{flag} {path}: is a folder; give a file name")
+
+
+# a run's settings that do not change the weights it ends with: where and how it ran, how often it reported;
+# and those of its evaluation, which change its metrics only
+HOW_IT_RAN = {"out_dir", "device", "dtype", "compile", "data_device", "data_chunk", "log_interval", "ckpt_schedule",
+              "resume", "overwrite", "eval_only"}
+EVALUATION = {"eval_interval", "eval_samples", "eval_samples_during", "eval_batch_size", "eval_seed",
+              "eval_seed_during", "eval_K", "stop_at"}
+
+
+def setting_differs(was, now, ignore=HOW_IT_RAN):
+    """The first setting but those in `ignore` in which two runs' configs (results.json's `config`) differ, as
+    (name, was, now): the task, the model, or a flag; None if none. Compared where both record it (a run from
+    before a setting existed lacks it)."""
+    part = lambda d, key: d.get(key) if isinstance(d.get(key), dict) else {}
+    pairs = [(k, was.get(k), now.get(k)) for k in ("task", "model") if k in was and k in now]
+    pairs += [(f"--{k}", part(was, p)[k], v) for p in ("task_opts", "model_opts", "train")
+              for k, v in part(now, p).items() if k in part(was, p) and k not in ignore]
+    return next(((k, a, b) for k, a, b in pairs if a != b), None)
 
 
 def run_files(out_dir):

@@ -25,9 +25,8 @@ import time
 import warnings
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    line = "conditioning.py: error: interrupted; nothing was written\n"
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
+    stop = lambda *_: os._exit(sys.stderr.write("conditioning.py: error: interrupted; nothing was written\n") and 2)
+    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
 
 import torch
 

@@ -28,10 +28,9 @@ does not apply, or a missing checkpoint: a one-line error (exit 2); weights that
 (the files written before kept whole): one line, exit 1.
 
 Where they are: keys, qk, ablate and dynamics (the attention side) in geometry_attention.py; values, clusters
-and belief (the representation side) here, with the command line and `seeds`; the float64 statistics they
-share in geometry_stats.py; a run's checkpoint as a float64 model (load) in checkpoints.py. Each diagnostic
-returns (numbers for the JSON, a function drawing the figure); its FIGURES function picks from those numbers the
-figures of the claims table over seeds, which main writes into the JSON as `figures` and seeds reads from there.
+and belief here, with the command line and `seeds`; their float64 statistics in geometry_stats.py; a checkpoint
+as a float64 model in checkpoints.py. A diagnostic returns (numbers for the JSON, a function drawing the figure);
+its FIGURES function picks the claims table's figures, which main writes into the JSON and seeds reads.
 """
 from functools import partial
 import glob
@@ -41,21 +40,22 @@ import signal
 import sys
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    line = "geometry.py: error: interrupted; nothing was written\n"
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
+    stop = lambda *_: os._exit(sys.stderr.write("geometry.py: error: interrupted; nothing was written\n") and 2)
+    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
 
 import torch
 from einops import rearrange
 
-from checkpoints import build_model, check_out_dir, ckpt_path, load, write_file, write_json
+from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, setting_differs,
+                         write_file, write_json)
 from geometry_attention import (ATTENTION, KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
                                 keys_figures, qk, qk_figures)
-from geometry_stats import abs_corr, final_streams, manifold_stats, probe, r2, state_clusters, subsample
-from oracles import LOG2, entropy_bits, gaussian_kl_bits, oracle
+from geometry_stats import (BELIEF_EPS, abs_corr, belief_kl, final_streams, manifold_stats, probe, r2,
+                            state_clusters, subsample)
+from oracles import entropy_bits, oracle
 from presets import Parser
 from runtime import cli, fault, pyplot, seed_arg
-from tasks import Batch, make_task
+from tasks import held_out, make_task
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
 ENTROPY_TASKS = ("bijection", "hmm")  # posterior entropy varies across scored positions
@@ -190,25 +190,12 @@ def values_figures(r):
 # -----------------------------------------------------------------------------
 # belief: a linear probe of the exact posterior vector (Shai et al. 2024)
 
-EPS = 1e-6  # floor of a probe's prediction: a negative probability would make the KL infinite
-
-
 def belief_target(task, batch):
     """(N, D) the exact posterior at the scored positions, row-major: a distribution, or (mean, log var)."""
     if task.gaussian:
         mean, var = oracle(task, batch)
         return torch.stack([mean[batch.mask], var[batch.mask].log()], -1)
     return oracle(task, batch)[batch.mask]
-
-
-def belief_kl(task, Y, P):
-    """(N,) KL(oracle || probe) in bits. Categorical: the probe clipped at EPS and renormalised;
-    regression: KL(N(m, v) || N(m', exp(l'))) with the probe's (m', l')."""
-    if task.gaussian:
-        return gaussian_kl_bits(Y[:, 0], Y[:, 1].exp(), P[:, 0], P[:, 1].exp())
-    q = P.clamp(min=EPS)
-    q = q / q.sum(-1, keepdim=True)
-    return (Y * (torch.where(Y > 0, Y.log(), torch.zeros_like(Y)) - q.log())).sum(-1) / LOG2
 
 
 def belief(model, task, batch, state, args):
@@ -228,7 +215,7 @@ def belief(model, task, batch, state, args):
 
     def score(X):
         alpha, P = probe(X, Y, seq, B)
-        return dict(r2=r2(Y[test], P), kl_bits=belief_kl(task, Y[test], P).mean().item(), alpha=alpha), P
+        return dict(r2=r2(Y[test], P), kl_bits=belief_kl(Y[test], P, task.gaussian).mean().item(), alpha=alpha), P
 
     init = build_model(state, trained=False)
     streams = lambda m: [(n, X) for n, X in representations(m, batch) if not n.startswith("attn")]
@@ -240,8 +227,8 @@ def belief(model, task, batch, state, args):
     Yt, const = Y[test], Y[~test].mean(0).expand_as(Y[test])
     target = "(mean, log var)" if task.gaussian else \
         f"P over {Y.shape[1]} " + ("hidden states" if task.name == "hmm" else "values")
-    r = dict(target=target, n_fit=int((~test).sum()), n_scored=int(test.sum()), eps=EPS, layers=layers, tokens=tokens,
-             constant=dict(r2=r2(Yt, const), kl_bits=belief_kl(task, Yt, const).mean().item()))
+    r = dict(target=target, n_fit=int((~test).sum()), n_scored=int(test.sum()), eps=BELIEF_EPS, layers=layers,
+             tokens=tokens, constant=dict(r2=r2(Yt, const), kl_bits=belief_kl(Yt, const, task.gaussian).mean().item()))
     sub = torch.randperm(len(Yt), generator=torch.Generator().manual_seed(0))[:args.max_points]
     Yt, P = Yt[sub], pred["final"][sub]  # the final layer's held-out predictions
 
@@ -298,6 +285,7 @@ FIGURES = dict(keys=keys_figures, qk=qk_figures, values=values_figures, dynamics
 # one recipe over several seeds
 
 CLAIMS = ("keys", "ablate", "qk", "values", "dynamics")  # the claims table's diagnostics, in its order
+RECIPE = ("task", "model", "task_opts", "model_opts", "train")  # what seeds of one recipe share, but the seed
 
 
 def spread(values):  # per figure: each seed's, their mean, min and max (elementwise for per-layer lists)
@@ -352,26 +340,10 @@ def claims(runs, found):
     return figures, missing
 
 
-# what does not change the weights a run ends with: where and how it ran, and how often it reported
-NOT_RECIPE = {"out_dir", "seed", "device", "dtype", "compile", "data_device", "data_chunk", "log_interval",
-              "eval_interval", "eval_samples", "eval_samples_during", "eval_batch_size", "eval_seed",
-              "eval_seed_during", "eval_K", "ckpt_schedule", "stop_at", "resume", "overwrite", "eval_only"}
-
-
-def recipe(heads, meta):
-    """What seeds of one recipe share: the task and model the diagnostics read, and where the run's results.json
-    is there, its task's and model's settings and its training flags but the seed."""
-    part = lambda d, key: d.get(key) if isinstance(d.get(key), dict) else {}
-    return ({k: d[k] for d in (*heads, meta) for k in ("task", "model") if k in d}
-            | {f"task's {k}": v for k, v in part(meta, "task_options").items()}
-            | {f"model's {k}": v for k, v in part(meta, "model_config").items()}
-            | {f"--{k}": v for k, v in part(part(meta, "config"), "train").items() if k not in NOT_RECIPE})
-
-
 def read_runs(run_dirs):
-    """(runs, their figures) of seeds of one recipe. No geometry_*.json, a corrupt or foreign one, one run given
-    twice, or runs of different recipes (recipe) or of one seed: a ValueError naming them."""
-    runs, found, recipes = [], [], []
+    """(runs, their figures) of seeds of one recipe. No geometry_*.json, a corrupt or foreign one, a run given twice,
+    runs of other settings (results.json's, but how they ran and were evaluated) or of one seed: a ValueError."""
+    runs, found, configs = [], [], []
     for run in run_dirs:
         paths = {n: f for n in DIAGNOSTICS if os.path.exists(f := os.path.join(run, f"geometry_{n}.json"))}
         if not paths:
@@ -380,14 +352,14 @@ def read_runs(run_dirs):
         heads = [read_json(f) for f in paths.values()]
         runs.append(dict(run=run, seed=meta.get("seed"), iter=next((h["iter"] for h in heads if "iter" in h), None)))
         found.append({n: read_figures(n, h, f) for (n, f), h in zip(paths.items(), heads)})
-        recipes.append(recipe(heads, meta))
-        for earlier, was in zip(runs[:-1], recipes[:-1]):
+        configs.append({k: d[k] for d in (*heads, meta, meta.get("config") or {}) for k in d if k in RECIPE})
+        for earlier, was in zip(runs[:-1], configs[:-1]):
             if os.path.realpath(run) == os.path.realpath(earlier["run"]):
                 raise ValueError(f"{run} is given twice: give each seed's run once")
-            k = next((k for k in was if k in recipes[-1] and was[k] != recipes[-1][k]), None)  # what both record
-            if k:
-                raise ValueError(f"{earlier['run']} and {run} are not seeds of one recipe: their {k} differ "
-                                 f"({was[k]} vs {recipes[-1][k]})")
+            differs = setting_differs(was, configs[-1], ignore=HOW_IT_RAN | EVALUATION | {"seed"})
+            if differs:
+                raise ValueError(f"{earlier['run']} and {run} are not seeds of one recipe: their {differs[0]} "
+                                 f"differ ({differs[1]} vs {differs[2]})")
             if runs[-1]["seed"] is not None and runs[-1]["seed"] == earlier["seed"]:
                 raise ValueError(f"{earlier['run']} and {run} both ran with --seed {earlier['seed']}: the same run "
                                  f"twice? give runs of different seeds")
@@ -426,15 +398,6 @@ def seeds(argv):
 
 # -----------------------------------------------------------------------------
 # command line
-
-
-def held_out(task, n, seed, draw=250):
-    """The first n sequences of train.evaluate's held-out stream: from `seed`, `draw` at a time (its batch_size)."""
-    g = torch.Generator().manual_seed(seed)
-    parts = [task.sample(draw, g) for _ in range(-(-n // draw))]
-    cat = lambda ts: torch.cat(list(ts))[:n]
-    return Batch(cat(b.x for b in parts), cat(b.y for b in parts), cat(b.mask for b in parts),
-                 {k: cat(b.latent[k] for b in parts) for k in parts[0].latent})
 
 
 def why_not(name, cfg, path):

@@ -10,7 +10,8 @@ the way their scripts do, so that our numbers and theirs stand side by side.
 - silhouette (b - a) / max(a, b), its permutation null (silhouette_null), Lloyd's k-means from k-means++
   seedings (kmeans), the adjusted Rand index (adjusted_rand_index), and state_clusters, which joins them;
 - js_bits: the Jensen-Shannon divergence in bits, in [0, 1];
-- ridge and probe: the belief probe's ridge regression, its strength chosen on held-out sequences; r2: pooled R^2.
+- ridge and probe: the belief probe's ridge regression, its strength chosen on held-out sequences; r2: pooled R^2;
+  belief_kl: its KL from the true belief in bits.
 
 The authors' value manifold (the paper's "final-layer PC1 holds 84-90%"), three protocols; H at a value
 position is the preceding key's entropy log2(V - i), before the value is seen (their label, :26-53), and PCA
@@ -37,6 +38,8 @@ import random
 
 import torch
 import torch.nn.functional as F
+
+from oracles import LOG2, gaussian_kl_bits
 
 # -----------------------------------------------------------------------------
 # points: cosines, principal axes, linear probes, clusters
@@ -221,6 +224,19 @@ def probe(X, Y, seq, B):
     alpha = RIDGE_ALPHAS[int(err.argmin())]  # the first (smallest) on ties
     (W, b), = ridge(X[fit], Y[fit], [alpha])
     return alpha.item(), X[~fit] @ W + b
+
+
+BELIEF_EPS = 1e-6  # floor of a probe's prediction: a negative probability would make the KL infinite
+
+
+def belief_kl(Y, P, gaussian=False):
+    """(N,) KL(truth || probe) in bits per row: categorical, the probe clipped at BELIEF_EPS and renormalised;
+    gaussian (rows (mean, log var)), KL(N(m, v) || N(m', exp(l'))) with the probe's (m', l')."""
+    if gaussian:
+        return gaussian_kl_bits(Y[:, 0], Y[:, 1].exp(), P[:, 0], P[:, 1].exp())
+    q = P.clamp(min=BELIEF_EPS)
+    q = q / q.sum(-1, keepdim=True)
+    return (Y * (torch.where(Y > 0, Y.log(), torch.zeros_like(Y)) - q.log())).sum(-1) / LOG2
 
 
 def r2(Y, P):

@@ -210,12 +210,10 @@ def resolve_model(spec):
     except (FileNotFoundError, ModuleNotFoundError) as e:  # the file or module, or a module that the file imports
         what = f"file {e.filename}" if isinstance(e, OSError) else f"module named {e.name}"
         raise ValueError(f"{spec}: no {what}") from None
-    except SyntaxError as e:
-        raise ValueError(f"{spec}: {e.msg} at {e.filename}:{e.lineno}") from None
-    except Exception as e:  # the file's own code fails on import: its error and its line, not a traceback
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        raise ValueError(f"{spec}: importing it raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                         f"at {frame.filename}:{frame.lineno}") from None
+    except Exception as e:  # the file's own code fails on import (a syntax error too): its error and line
+        at = (e.filename, e.lineno) if isinstance(e, SyntaxError) else traceback.extract_tb(e.__traceback__)[-1][:2]
+        raise ValueError(f"{spec}: importing it raised {type(e).__name__}: {(str(e) or '?').splitlines()[0]} at "
+                         f"{at[0]}:{at[1]}") from None
     Model, Config = getattr(module, name, None), getattr(module, name + "Config", None)
     for ok, what in ((isinstance(Model, type), f"{where} has no class {name}"),
                      (isinstance(Model, type) and issubclass(Model, torch.nn.Module), f"{name} is not an nn.Module"),
@@ -232,11 +230,7 @@ def load_module(where):
         return importlib.import_module(where)
     name = "model_file_" + re.sub(r"\W", "_", where)  # a name of its own: a file called tasks.py shadows nothing
     module = sys.modules[name] = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, where))
-    try:
-        module.__spec__.loader.exec_module(module)  # registered first: dataclasses and inspect look for it there
-    except BaseException:
-        del sys.modules[name]  # a file that failed is read afresh once mended
-        raise
+    module.__spec__.loader.exec_module(module)  # registered first: dataclasses and inspect look for it there
     return module
 
 
@@ -260,10 +254,8 @@ class Parser(argparse.ArgumentParser):
             flag = m.group(1).split("=")[0]
             known = [o for a in self._actions for o in a.option_strings]
             close = difflib.get_close_matches(flag, known, n=3)
-            if flag in self.elsewhere:
-                message += f" ({flag} is an option of {self.elsewhere[flag]} only)"
-            else:
-                message += f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)"
+            message += (f" ({flag} is an option of {self.elsewhere[flag]} only)" if flag in self.elsewhere else
+                        f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)")
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def parse_known_args(self, args=None, namespace=None):

@@ -30,9 +30,8 @@ import sys
 import time
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    line = "reproduce.py: error: interrupted; nothing was written\n"
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
+    stop = lambda *_: os._exit(sys.stderr.write("reproduce.py: error: interrupted; nothing was written\n") and 2)
+    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
 
 import torch
 
@@ -104,11 +103,6 @@ def flags(opts):
     return [a for k, v in opts.items() for a in (f"--{k}", *map(str, v if isinstance(v, list) else [v]))]
 
 
-# how and where a cell ran, not what it computed: a finished cell is kept whatever these were
-HOW = {"out_dir", "device", "compile", "data_device", "data_chunk", "log_interval", "ckpt_schedule", "resume",
-       "overwrite", "eval_only"}
-
-
 def cell_config(argv):
     """The config train.py would run a cell's argv with, each value checked (presets.check_train) before any
     cell runs: a bad value after `--` stops the sweep at once, not once in every cell's log."""
@@ -121,16 +115,12 @@ def cell_config(argv):
 
 def other_run(r, cfg):
     """Why a cell's results.json (r) is not the run its command line (cfg) asks for, or None: another task's or
-    model's run, or a setting that differs (one of the flags after `--` changed since the cell finished)."""
-    if (r.get("task"), r.get("model")) != (cfg["task"], cfg["model"]):
+    model's run, or one whose settings differ beyond where and how it ran (a flag after `--` changed since)."""
+    run = (r["config"] if isinstance(r.get("config"), dict) else {}) | dict(task=r.get("task"), model=r.get("model"))
+    differs = checkpoints.setting_differs(run, cfg)
+    if differs and differs[0] in ("task", "model"):
         return f"a {r.get('task')} x {r.get('model')} run"
-    was = r.get("config") if isinstance(r.get("config"), dict) else {}
-    for part in ("train", "task_opts", "model_opts"):
-        old = was.get(part) if isinstance(was.get(part), dict) else {}
-        for k, v in cfg[part].items():
-            if k in old and k not in HOW and old[k] != v:
-                return f"a run with --{k} {old[k]} (the command line gives {v})"
-    return None
+    return differs and f"a run with {differs[0]} {differs[1]} (the command line gives {differs[2]})"
 
 
 def load_results(out_dir):

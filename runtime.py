@@ -17,11 +17,11 @@ checkpoints.py's.
 from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 import argparse
 from datetime import timedelta
+import inspect
 import math
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -88,11 +88,10 @@ def data_source(train, device, task=None):
 
 def init_distributed(train, device):
     """(rank, world size): (0, 1) alone, else joins the torchrun process group (NCCL on GPUs, gloo on CPUs)."""
-    world = env_int("WORLD_SIZE", 1)
-    if world == 0:
-        raise ValueError("environment variable WORLD_SIZE=0: a run has at least one process (unset it to run alone)")
-    if env_int("RANK", 0) >= world:
-        raise ValueError(f"environment variable RANK={os.environ['RANK']} must be below WORLD_SIZE={world}")
+    world, rank = env_int("WORLD_SIZE", 1), env_int("RANK", 0)
+    if rank >= world:  # WORLD_SIZE=0 too
+        raise ValueError(f"environment variables RANK={rank} and WORLD_SIZE={world}: a run has WORLD_SIZE >= 1 "
+                         f"processes, ranked from 0 (torchrun sets both; unset them to run alone)")
     if world == 1:
         return 0, 1
     if train["batch_size"] % world:
@@ -101,17 +100,16 @@ def init_distributed(train, device):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        rank, store = rendezvous(world)
+        store = rendezvous(rank, world)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world)
     return dist.get_rank(), world
 
 
-def rendezvous(world):
-    """(this process's RANK, the store every rank meets at): torchrun's MASTER_ADDR:MASTER_PORT, hosted by rank 0
-    (or by torchrun's agent). torch's own rendezvous waits in C++ for the other processes, deaf to Ctrl-C and
-    SIGTERM, for 30 minutes; here each process waits in Python, and one missing after RENDEZVOUS_S seconds (a
-    WORLD_SIZE set by hand, a rank that crashed at start) ends the run with a line saying so."""
-    rank, port, addr = env_int("RANK", 0), env_int("MASTER_PORT", 0), os.environ.get("MASTER_ADDR", "")
+def rendezvous(rank, world):
+    """The store every rank meets at, torchrun's MASTER_ADDR:MASTER_PORT, hosted by rank 0 (or torchrun's agent).
+    torch's own rendezvous waits in C++, deaf to Ctrl-C and SIGTERM, 30 minutes for the other processes; here each
+    waits in Python, and one missing after RENDEZVOUS_S seconds (a WORLD_SIZE set by hand) ends the run in a line."""
+    port, addr = env_int("MASTER_PORT", 0), os.environ.get("MASTER_ADDR", "")
     if not (addr and 0 < port < 2 ** 16):
         raise ValueError(f"WORLD_SIZE={world} needs MASTER_ADDR and a MASTER_PORT in [1, 65535]: start the run "
                          f"with torchrun, which sets them, or unset WORLD_SIZE to run alone")
@@ -124,16 +122,14 @@ def rendezvous(world):
         raise ValueError(f"rank {rank} could not {'host' if rank == 0 and not agent else 'reach'} the rendezvous "
                          f"at {where} ({str(e).splitlines()[0][:100]})") from None
     key = f"windtunnel_joined_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restart counts afresh
-    deadline = time.time() + RENDEZVOUS_S
-    joined = store.add(key, 1)
-    while joined < world:
-        if time.time() > deadline:
-            raise ValueError(f"{joined} of WORLD_SIZE={world} processes joined at {where} in {RENDEZVOUS_S} s: "
-                             f"start every rank (torchrun --nproc_per_node {world} train.py ...), or unset "
-                             f"WORLD_SIZE to run alone")
+    joined, deadline = store.add(key, 1), time.time() + RENDEZVOUS_S
+    while joined < world and time.time() < deadline:
         time.sleep(0.1)  # Ctrl-C and SIGTERM are heard here
         joined = store.add(key, 0)
-    return rank, store
+    if joined < world:
+        raise ValueError(f"{joined} of WORLD_SIZE={world} processes joined at {where} in {RENDEZVOUS_S} s: start "
+                         f"every rank (torchrun --nproc_per_node {world} train.py ...), or unset WORLD_SIZE")
+    return store
 
 
 def data_parallel(model, device, world):
@@ -141,7 +137,9 @@ def data_parallel(model, device, world):
     (position tables, masks): nothing to broadcast, and rank 0 evaluates alone."""
     if world == 1:
         return model
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else \
+        "broadcast_buffers"  # its name from torch 2.13, where the old one warns
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **{sync: False})
 
 
 def rank0s(value, choices, world, device):
@@ -237,16 +235,6 @@ class Optimizers:
 
 # -----------------------------------------------------------------------------
 # what the scripts' output shares: the code's version, times, figures
-
-
-def code_version():
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        git = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5).stdout.strip()
-        rev = git("rev-parse", "--short", "HEAD")
-        return (rev + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")) if rev else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def fmt_time(s):

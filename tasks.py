@@ -503,6 +503,15 @@ def make_task(name, **overrides):
     return TASKS[name](**overrides)
 
 
+def held_out(task, n, seed, draw=250):
+    """The first n sequences of train.evaluate's held-out stream: from `seed`, `draw` at a time (its batch_size)."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [task.sample(draw, g) for _ in range(-(-n // draw))]
+    cat = lambda ts: torch.cat(list(ts))[:n]
+    return Batch(cat(b.x for b in parts), cat(b.y for b in parts), cat(b.mask for b in parts),
+                 {k: cat(b.latent[k] for b in parts) for k in parts[0].latent})
+
+
 # -----------------------------------------------------------------------------
 # curricula: a task option grown while training (train.py --curriculum)
 

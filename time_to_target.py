@@ -17,9 +17,8 @@ import signal
 import sys
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    line = "time_to_target.py: error: interrupted; nothing was written\n"
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
+    stop = lambda *_: os._exit(sys.stderr.write("time_to_target.py: error: interrupted; nothing was written\n") and 2)
+    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
 
 import torch
 

@@ -20,18 +20,17 @@ import sys
 import time
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    line = "train.py: error: interrupted; nothing was written\n"
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda *_: os._exit(sys.stderr.write(line) and 2))
+    stop = lambda *_: os._exit(sys.stderr.write("train.py: error: interrupted; nothing was written\n") and 2)
+    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
 
 import torch
 
-from checkpoints import checkpoint, load_checkpoint, print0, resume, write_json
+from checkpoints import checkpoint, code_version, load_checkpoint, print0, resume, write_json
 from oracles import Metrics
 from presets import (IO_FIELDS, build_config, check_train, during_seed, fill_io, fit_block_size, match_width,
                      model_name, parse_args, parse_stop, resolve_model, resume_config)
-from runtime import (CompiledOrEager, Optimizers, autocast, cli, code_version, data_parallel, data_source, fmt_time,
-                     global_mean, guarded, oom_hint, prepare_out_dir)
+from runtime import (CompiledOrEager, Optimizers, autocast, cli, data_parallel, data_source, fmt_time, global_mean,
+                     guarded, oom_hint, prepare_out_dir)
 from tasks import make_task
 
 
@@ -61,10 +60,9 @@ def build(cfg, device, saved=None):
 
 
 def make_optimizer(model, train, device):
-    """AdamW with decoupled weight decay on matrices and embeddings, or (--optimizer muon) Muon on the weight
-    matrices of the linear maps inside the blocks (muon_params) and AdamW on everything else. Muon's update is
-    rescaled to AdamW's RMS (Moonshot's rule), so both take the same --lr and schedule. Parameters marked
-    `_no_weight_decay` (Mamba's A_log and D) are never decayed and never in Muon."""
+    """AdamW with decoupled weight decay on matrices and embeddings, or (--optimizer muon) Muon on the linear maps'
+    weights inside the blocks (muon_params), AdamW on the rest. Muon's update is rescaled to AdamW's RMS (Moonshot's
+    rule): both take one --lr and schedule. `_no_weight_decay` (Mamba's A_log, D): never decayed, never in Muon."""
     named = list(model.named_parameters())
     hidden = muon_params(model) if train["optimizer"] == "muon" else set()
     decays = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
@@ -86,11 +84,10 @@ def make_optimizer(model, train, device):
 
 
 def muon_params(model):
-    """The names of the parameters Muon takes: the 2-D weights of the linear maps (nn.Linear, nn.LSTM) inside
-    the blocks: transformer c_attn, c_proj, c_fc; Mamba in_proj, x_proj, dt_proj, out_proj; LSTM weight_ih,
-    weight_hh; MLP c_fc, c_proj; linear attention c_attn, c_beta, c_proj, c_fc. AdamW keeps embeddings,
-    position tables, read-ins, heads, gains, biases, convolutions, per-head scalars, and what is marked
-    `_no_weight_decay` (Mamba's A_log and D, whose rates an orthogonalised update would mix)."""
+    """The names of the parameters Muon takes: the 2-D weights of the linear maps (nn.Linear, nn.LSTM) inside the
+    blocks (transformer c_attn, c_proj, c_fc; Mamba in_proj, x_proj, dt_proj, out_proj; LSTM weight_ih, weight_hh;
+    MLP c_fc, c_proj; linear attention c_attn, c_beta, c_proj, c_fc). AdamW keeps embeddings, position tables,
+    read-ins, heads, gains, biases, convolutions, per-head scalars, and Mamba's A_log and D (_no_weight_decay)."""
     return {f"{mn}.{pn}" for mn, m in model.named_modules()
             if mn.startswith(("blocks.", "layers.")) and isinstance(m, (torch.nn.Linear, torch.nn.LSTM))
             for pn, p in m.named_parameters(recurse=False)
@@ -119,8 +116,8 @@ class Batches:
         self.chunk = self.chunk_state = None
 
     def steps_left(self, it, T):
-        """The steps from it to T in units of step it's cost, which goes with its sequence length: under a
-        curriculum the later steps cost more (the progress line's ETA); without one it is T - it."""
+        """The steps from it to T in units of step it's cost, its sequence length (the ETA): T - it, or more
+        under a curriculum."""
         return sum(self.stage(s).seq_len for s in range(it, T)) / self.stage(it).seq_len
 
     def get(self, it):
@@ -145,9 +142,8 @@ class Batches:
 
 def parse_curriculum(spec, task, train, grow=replace):
     """--curriculum NAME=START -> stage(it), the task of training step `it`, grow(task, NAME=value); '' -> None.
-    The option is START for the first curriculum_hold steps, then grows linearly, one integer stage at a time, and
-    is the task's own value from step curriculum_iters on. grow: how a stage is made from the task
-    (--train_all_queries: with every stored key queried)."""
+    The option is START for the first curriculum_hold steps, then grows linearly, one integer stage at a time, to
+    the task's own value at step curriculum_iters. grow makes a stage (--train_all_queries: every key queried)."""
     if not spec:
         if train.get("curriculum_hold"):
             raise ValueError(f"--curriculum_hold {train['curriculum_hold']} needs a --curriculum to hold")
@@ -204,10 +200,8 @@ def summary(r):
 
 def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
     """Rank 0's verdict at a step that saves (proc.due), and the held-out metrics (without curves) it rests on:
-    - ("diverged", None): the parameters, or at an evaluation (at_eval) its metrics, are not finite (said in a line);
-    - ("reached", metrics): the evaluation met --stop_at (stop);
-    - ("go on", metrics) after an evaluation, ("go on", None) at a step that only takes a snapshot.
-    state(): what ckpt.pt would hold now, saved before the run's first evaluation, so that a failure there keeps it."""
+    ("diverged", None) if the parameters or metrics are not finite (said in a line), ("reached", metrics) at --stop_at,
+    else ("go on", metrics; None at a snapshot). state(), ckpt.pt now, is saved before the first evaluation."""
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         proc.diverged("parameters are not finite", proc.step)
         return "diverged", None
@@ -286,8 +280,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
         if verdict in ("diverged", "failed"):  # rank 0 said why
             return 1 if verdict == "diverged" else 2
     if eval_only and not all(torch.isfinite(p).all() for p in model.parameters()):
-        print0(f"train.py: error: the parameters in {out_dir} are not finite (step {it}): nothing to evaluate",
-               file=sys.stderr)
+        print0(f"train.py: error: {out_dir}: weights not finite (step {it}), nothing to evaluate", file=sys.stderr)
         return 1
     if proc.alone():
         final_eval(cfg, eval_tasks, eval_fwd, proc, ctx, it, history, elapsed + time.time() - t_start,

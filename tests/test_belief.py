@@ -42,7 +42,7 @@ def test_the_probe_recovers_a_planted_linear_belief(S):
     alpha, P = geometry_stats.probe(X, Y, torch.arange(n), n)
     task = make_task("hmm", n_states=S)
     assert alpha == 1e-8 and geometry_stats.r2(Y[n // 2:], P) > 1 - 1e-9
-    assert geometry.belief_kl(task, Y[n // 2:], P).abs().max() < 1e-9
+    assert geometry_stats.belief_kl(Y[n // 2:], P, task.gaussian).abs().max() < 1e-9
 
 
 def test_the_gaussian_target_planted_and_its_kl():
@@ -51,9 +51,10 @@ def test_the_gaussian_target_planted_and_its_kl():
     X = Y @ torch.randn(2, 8, generator=g, dtype=D)
     task = make_task("regression")
     _, P = geometry_stats.probe(X, Y, torch.arange(300) // 3, 100)  # 3 points per sequence
-    assert geometry_stats.r2(Y[150:], P) > 1 - 1e-9 and geometry.belief_kl(task, Y[150:], P).abs().max() < 1e-9
-    kl = geometry.belief_kl(task, torch.zeros(1, 2, dtype=D), torch.tensor([[1.0, 0.0]], dtype=D))
-    assert abs(kl.item() - 0.5 / geometry.LOG2) < 1e-12  # KL(N(0, 1) || N(1, 1)) = 1/2 nat
+    assert geometry_stats.r2(Y[150:], P) > 1 - 1e-9
+    assert geometry_stats.belief_kl(Y[150:], P, task.gaussian).abs().max() < 1e-9
+    kl = geometry_stats.belief_kl(torch.zeros(1, 2, dtype=D), torch.tensor([[1.0, 0.0]], dtype=D), task.gaussian)
+    assert abs(kl.item() - 0.5 / geometry_stats.LOG2) < 1e-12  # KL(N(0, 1) || N(1, 1)) = 1/2 nat
 
 
 def test_a_random_representation_scores_near_zero_held_out():

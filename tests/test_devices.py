@@ -318,9 +318,14 @@ RANK_FAILS = """
 import sys, torch, runtime, train
 rank, where = int(sys.argv[1]), sys.argv[2]
 if rank == 0 and where == "evaluation":  # out of memory in rank 0's first evaluation (the others wait for its word)
-    def evaluate(*a, **k):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    train.evaluate = evaluate
+    real = train.build
+    def build(cfg, device, saved=None):  # the model's forward without gradients (an evaluation's) runs out
+        built = real(cfg, device, saved)
+        forward = built[2].forward
+        oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        built[2].forward = lambda x: forward(x) if torch.is_grad_enabled() else (_ for _ in ()).throw(oom)
+        return built
+    train.build = build
 if rank == 0 and where == "results":  # a full disk when rank 0 writes results.json (the others wait to finish)
     def write_json(path, obj):
         raise OSError(28, "No space left on device", path)
@@ -341,7 +346,7 @@ def test_a_rank_0_failure_under_torchrun_ends_every_rank_within_seconds(tmp_path
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = ["--task", "bijection", "--V", "6", "--model", "mlp", "--d_model", "16", "--device", "cpu",
-            "--out_dir", str(tmp_path)] + TINY
+            "--eval_batch_size", "4", "--out_dir", str(tmp_path)] + TINY
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     procs = [subprocess.Popen([sys.executable, "-c", RANK_FAILS, str(r), where] + argv, cwd=root, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,

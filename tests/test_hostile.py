@@ -358,14 +358,15 @@ def test_a_checkpoint_whose_weights_do_not_fit_its_config_is_one_line(tmp_path, 
 def seed_of(path, seed, task="bijection", V=6, lr=3e-3):
     """A run's results.json as train.py writes it, with what seeds compares: task, model, settings, flags, seed."""
     with open(os.path.join(path, "results.json"), "w") as f:
-        json.dump(dict(task=task, model="transformer", seed=seed, task_options=dict(V=V), model_config=dict(n_layer=1),
-                       config=dict(train=dict(lr=lr, seed=seed, out_dir=str(path), eval_interval=seed + 1))), f)
+        json.dump(dict(task=task, model="transformer", seed=seed, config=dict(
+            task=task, model="transformer", task_opts=dict(V=V), model_opts=dict(n_layer=1),
+            train=dict(lr=lr, seed=seed, out_dir=str(path), eval_interval=seed + 1, device=f"cuda:{seed}"))), f)
     return path
 
 
 @pytest.mark.parametrize("b, want", [
     (dict(seed=1), "both ran with --seed 1: the same run twice?"),
-    (dict(seed=2, V=7), "are not seeds of one recipe: their task's V differ (6 vs 7)"),
+    (dict(seed=2, V=7), "are not seeds of one recipe: their --V differ (6 vs 7)"),
     (dict(seed=2, lr=1e-3), "their --lr differ (0.003 vs 0.001)"),
     (dict(seed=2, task="recall"), "their task differ (bijection vs recall)"),
 ])
@@ -510,8 +511,8 @@ def test_a_rank_whose_partners_never_start_ends_with_a_line(monkeypatch, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("env, want", [(dict(WORLD_SIZE="2", RANK="2"), "RANK=2 must be below WORLD_SIZE=2"),
-                                       (dict(WORLD_SIZE="1", RANK="5"), "RANK=5 must be below WORLD_SIZE=1"),
+@pytest.mark.parametrize("env, want", [(dict(WORLD_SIZE="2", RANK="2"), "RANK=2 and WORLD_SIZE=2: a run has"),
+                                       (dict(WORLD_SIZE="1", RANK="5"), "RANK=5 and WORLD_SIZE=1: a run has"),
                                        (dict(WORLD_SIZE="2", RANK="0"), "needs MASTER_ADDR and a MASTER_PORT")])
 def test_a_torchrun_environment_without_its_rank_or_master_is_named(monkeypatch, tmp_path, capsys, env, want):
     monkeypatch.delenv("MASTER_ADDR", raising=False)

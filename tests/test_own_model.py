@@ -151,7 +151,7 @@ def test_a_spec_that_names_no_model_is_one_line(tmp_path, capsys, spec, expect):
 
 
 @pytest.mark.parametrize("source, expect", [
-    ("class Conv(:\n", "--model {file}:Conv: invalid syntax at {file}:1"),
+    ("class Conv(:\n", "--model {file}:Conv: importing it raised SyntaxError: "),
     ("import torch\n\nx = 1\nraise RuntimeError('no GPU here')\n",
      "--model {file}:Conv: importing it raised RuntimeError: no GPU here at {file}:4"),
     ("from torch import no_such_name\n", "--model {file}:Conv: importing it raised ImportError: cannot import name"),
@@ -160,7 +160,7 @@ def test_a_model_file_that_fails_on_import_is_one_line(tmp_path, capsys, source,
     file = model_file(tmp_path, "broken", source)
     assert exit_code(train.main, ["--model", f"{file}:Conv", "--out_dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and expect.format(file=file) in err, err
+    assert len(err.splitlines()) == 1 and expect.format(file=file) in err and f" at {file}:" in err, err
     assert not (tmp_path / "run").exists()
     model_file(tmp_path, "broken", CONV_PY)  # mended, the same file is read afresh
     assert presets.resolve_model(f"{file}:Conv")[1].__name__ == "Conv"
