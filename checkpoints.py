@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from presets import resolve_model
-from tasks import make_task
+from tasks import IO_FIELDS, make_task
 
 RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
 UMASK = os.umask(0o022)  # read by setting it: put back at once
@@ -64,21 +64,43 @@ def checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed, hist
 
 
 def load_checkpoint(path):
+    """A train.py checkpoint, checked as far as its weights (load_weights): its config builds its task and its
+    model's config, the task's inputs and outputs are the model's, its step is a step. Anything else, however the
+    file came to be (truncated, edited, another program's), is one ValueError naming it."""
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {path} (train first, or pass the run's --out_dir)")
     # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
-    bad = ValueError(f"{path}: not a readable train.py checkpoint (truncated or corrupt?)")
+    bad = f"{path}: not a readable train.py checkpoint"
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+        if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
+            raise ValueError
     except Exception:
-        raise bad from None
-    if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
-        raise bad
-    for d in (state["model_config"], state["config"].get("model_opts", {})):  # checkpoints from before d_model
-        if "n_embd" in d:
-            d["d_model"] = d.pop("n_embd")
-        d.pop("init_std", None)
+        raise ValueError(f"{bad} (truncated or corrupt?)") from None
+    try:
+        cfg, mc = state["config"], state["model_config"]
+        for d in (mc, cfg.get("model_opts", {})):  # checkpoints from before d_model
+            if "n_embd" in d:
+                d["d_model"] = d.pop("n_embd")
+            d.pop("init_std", None)
+        Config, task = resolve_model(cfg["model"])[0], make_task(cfg["task"], **cfg["task_opts"])
+        Config(**mc), cfg["train"]["seed"], state["model"].items()
+        wrong = [k for k in IO_FIELDS if k in mc and mc[k] != getattr(task, k)]
+        if wrong or not isinstance(state["iter"], int):
+            raise ValueError(f"its {wrong[0]} is {mc[wrong[0]]}, its task's {getattr(task, wrong[0])}" if wrong else
+                             f"its step is {state['iter']!r}")
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"{bad} ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})") from None
     return state
+
+
+def run_record(run):
+    """What a run's folder says of its run where it has no results.json: its checkpoint's config and seed, or {}
+    (a folder of copied diagnostics)."""
+    if not os.path.exists(path := os.path.join(run, "ckpt.pt")):
+        return {}
+    config = load_checkpoint(path)["config"]
+    return dict(config=config, seed=config["train"]["seed"])
 
 
 def code_version():  # the git commit a run records in results.json, "-dirty" with edits

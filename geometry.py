@@ -46,8 +46,8 @@ if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and 
 import torch
 from einops import rearrange
 
-from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, setting_differs,
-                         write_file, write_json)
+from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, run_record,
+                         setting_differs, write_file, write_json)
 from geometry_attention import (ATTENTION, KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
                                 keys_figures, qk, qk_figures)
 from geometry_stats import (BELIEF_EPS, abs_corr, belief_kl, final_streams, manifold_stats, probe, r2,
@@ -348,7 +348,7 @@ def read_runs(run_dirs):
         paths = {n: f for n in DIAGNOSTICS if os.path.exists(f := os.path.join(run, f"geometry_{n}.json"))}
         if not paths:
             raise ValueError(f"no geometry_*.json in {run} (first: geometry.py all --ckpt {run})")
-        meta = read_json(r) if os.path.exists(r := os.path.join(run, "results.json")) else {}
+        meta = read_json(r) if os.path.exists(r := os.path.join(run, "results.json")) else run_record(run)
         heads = [read_json(f) for f in paths.values()]
         runs.append(dict(run=run, seed=meta.get("seed"), iter=next((h["iter"] for h in heads if "iter" in h), None)))
         found.append({n: read_figures(n, h, f) for (n, f), h in zip(paths.items(), heads)})
@@ -361,8 +361,7 @@ def read_runs(run_dirs):
                 raise ValueError(f"{earlier['run']} and {run} are not seeds of one recipe: their {differs[0]} "
                                  f"differ ({differs[1]} vs {differs[2]})")
             if runs[-1]["seed"] is not None and runs[-1]["seed"] == earlier["seed"]:
-                raise ValueError(f"{earlier['run']} and {run} both ran with --seed {earlier['seed']}: the same run "
-                                 f"twice? give runs of different seeds")
+                raise ValueError(f"{earlier['run']} and {run} both ran with --seed {earlier['seed']}: one run twice?")
     return runs, found
 
 
@@ -381,8 +380,7 @@ def seeds(argv):
         figures, missing = claims(runs, found)
     except ValueError as e:
         p.exit(2, f"geometry.py seeds: error: {e}\n")
-    write_json(os.path.join(args.out, "geometry_seeds.json"), to_json(dict(runs=runs, figures=figures,
-                                                                          missing=missing)))
+    write_json(os.path.join(args.out, "geometry_seeds.json"), to_json(dict(runs=runs, figures=figures, missing=missing)))
     f = lambda x: "[" + ", ".join(f(v) for v in x) + "]" if isinstance(x, list) else f"{x:.4g}"
     print(f"| figure | mean | min | max | {' | '.join(str(r['seed']) for r in runs)} |")
     print("|---" * (4 + len(runs)) + "|")
@@ -392,6 +390,8 @@ def seeds(argv):
     for name, m in missing.items():
         where = "every run" if len(m["runs"]) == len(runs) else ", ".join(m["runs"])
         print(f"missing: {name} (geometry_{m['diagnostic']}.json) in {where}")
+    for r in (r for r in runs if r["seed"] is None):
+        print(f"unchecked: {r['run']} has no results.json or ckpt.pt: its settings and seed were not compared")
     print(f"wrote {os.path.join(args.out, 'geometry_seeds.json')}")
     return 0
 

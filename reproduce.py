@@ -12,14 +12,15 @@ The paper's architecture comparison: every task x model, one train.py run per ce
 A cell is `train.py --task T --model M --preset P --out_dir out/reproduce/P/T_M`; its console
 output goes to train.log beside results.json. A cell with a results.json is finished and
 skipped, and one with only a ckpt.pt is resumed from it, so an interrupted sweep picks up
-where it stopped. The cells run one after another in this process, or one per GPU (run_cells);
+where it stopped. The cells run one after another in this process (run_in_process, its output to the
+cell's log, which conditioning.py's depth_width uses too), or one per GPU (run_cells);
 their sizes come from the presets (cell_argv); the MLP has two rows (row_models).
 
 Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) and a figure per task
 (write_table). Only `--results results` writes the committed results/, so a partial sweep never
 replaces that table. `time_to_target` is time_to_target.py's program, dispatched from here (main).
 """
-from contextlib import redirect_stderr
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import fields
 import io
 import json
@@ -28,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
     stop = lambda *_: os._exit(sys.stderr.write("reproduce.py: error: interrupted; nothing was written\n") and 2)
@@ -134,6 +136,32 @@ def load_results(out_dir):
     return r if ok else None
 
 
+def log_error(log):
+    """The line of a run's log that says why it stopped: its last "error:" line, else its last line."""
+    try:
+        with open(log, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return f"{log} cannot be read"
+    return next((line for line in reversed(lines) if ": error: " in line), lines[-1] if lines else "its log is empty")
+
+
+def run_in_process(main, argv, log, mode="a", contain=True):
+    """main(argv), a script's (train.main), in this process with its output to the file log (mode "a" adds to it,
+    "w" starts it afresh); returns its exit code. contain: a crash is its traceback in the log and exit code 1, and
+    an argument error's SystemExit its code, so that a sweep goes on (reproduce.py); else both reach the caller."""
+    with open(log, mode, buffering=1) as f, redirect_stdout(f), redirect_stderr(f):
+        if not contain:
+            return main(argv)
+        try:
+            return main(argv)
+        except SystemExit as e:
+            return e.code
+        except Exception:  # a crashed cell must not stop the sweep
+            traceback.print_exc()
+            return 1
+
+
 def note_command(log, argv):
     with open(log, "a") as f:
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} train.py {' '.join(argv)}\n")
@@ -172,7 +200,7 @@ def run_cells(todo, jobs, n_gpus):
             note_command(log, argv)
             t0 = time.time()
             try:
-                rc = runtime.run_in_process(train.main, argv, log)  # a crash is a failed cell
+                rc = run_in_process(train.main, argv, log)  # a crash is a failed cell
             finally:
                 checkpoints.unlock_out_dir(lock)  # train.py's by now, and released: nothing left to do
             yield label, rc, time.time() - t0
@@ -439,7 +467,7 @@ def sweep(args, extra):
             else:
                 status[(task, model)] = f"failed (exit {rc}), see train.log"
                 log = os.path.join(out_dir, "train.log")
-                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}): {runtime.log_error(log)}; see {log}",
+                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}): {log_error(log)}; see {log}",
                       file=sys.stderr)
     finally:
         cells_run.close()  # an interrupt stops the running cells and waits for them

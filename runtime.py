@@ -11,10 +11,9 @@ checkpoints.py's.
   on, said in one line (CompiledOrEager);
 - a new run refuses a folder that holds another, and rank 0 takes its lock for every rank (prepare_out_dir);
 - a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded, fault,
-  cli); Proc is one process's share of a run: device, rank, the step reached and the checkpoints written;
-- a script's main can run inside a sweep, its output to a log file (run_in_process).
+  cli); Proc is one process's share of a run: device, rank, the step reached and the checkpoints written.
 """
-from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
+from contextlib import contextmanager, nullcontext
 import argparse
 from datetime import timedelta
 import inspect
@@ -22,9 +21,9 @@ import math
 import os
 import re
 import signal
+import socket
 import sys
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -113,16 +112,27 @@ def rendezvous(rank, world):
     if not (addr and 0 < port < 2 ** 16):
         raise ValueError(f"WORLD_SIZE={world} needs MASTER_ADDR and a MASTER_PORT in [1, 65535]: start the run "
                          f"with torchrun, which sets them, or unset WORLD_SIZE to run alone")
-    where = f"MASTER_ADDR:MASTER_PORT {addr}:{port}"
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent already hosts the store
+    where, deadline = f"MASTER_ADDR:MASTER_PORT {addr}:{port}", time.time() + RENDEZVOUS_S
+    host = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"  # else torchrun's agent hosts it
+    try:  # the host looked up, and (not hosting) its port tried, from Python: torch's store client would retry
+        socket.getaddrinfo(addr, port)  # both in C++, deaf to Ctrl-C and SIGTERM, for the whole timeout
+    except socket.gaierror:
+        raise ValueError(f"{where}: MASTER_ADDR names no host") from None
+    while not host and time.time() < deadline:
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)  # Ctrl-C and SIGTERM are heard here
     try:
-        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent, wait_for_workers=False,
-                              timeout=timedelta(seconds=RENDEZVOUS_S), multi_tenant=True)
-    except (RuntimeError, OSError) as e:  # rank 0's port taken, or no rank 0 to reach within the time
-        raise ValueError(f"rank {rank} could not {'host' if rank == 0 and not agent else 'reach'} the rendezvous "
-                         f"at {where} ({str(e).splitlines()[0][:100]})") from None
+        store = dist.TCPStore(addr, port, world, is_master=host, wait_for_workers=False, multi_tenant=True,
+                              timeout=timedelta(seconds=max(deadline - time.time(), 1)))
+    except (RuntimeError, OSError) as e:  # the port taken, or the host gone
+        raise ValueError(f"rank {rank} could not {'host' if host else 'reach'} the rendezvous at {where} "
+                         f"({str(e).splitlines()[0][:100]})") from None
+    store.set_timeout(timedelta(seconds=RENDEZVOUS_S))  # for the process group's own exchanges through it
     key = f"windtunnel_joined_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restart counts afresh
-    joined, deadline = store.add(key, 1), time.time() + RENDEZVOUS_S
+    joined = store.add(key, 1)
     while joined < world and time.time() < deadline:
         time.sleep(0.1)  # Ctrl-C and SIGTERM are heard here
         joined = store.add(key, 0)
@@ -452,14 +462,13 @@ def interrupt(signum, frame):
 def cli(main, prog, kept):
     """A script's main() from the shell: Ctrl-C, or SIGTERM (kill, a scheduler's stop), ends it with one line
     (what was kept) and exit code 2; a full or read-only disk, or no memory, with one line and exit code 1."""
-    for s in (signal.SIGINT, signal.SIGTERM):  # in place of the script's own, while its imports loaded
-        signal.signal(s, interrupt)
-    threads = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if threads and not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", threads):  # else libgomp warns,
-        print(f"{prog}: error: environment variable OMP_NUM_THREADS={threads!r} must be a number of threads >= 1 "
-              f"(unset it to use every core)", file=sys.stderr)  # and the run goes on with a default
-        sys.exit(2)
+    before = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}  # the script's, for imports
+    threads = os.environ.get("OMP_NUM_THREADS")
     try:
+        if threads is not None and not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", threads.strip()):  # else libgomp
+            print(f"{prog}: error: environment variable OMP_NUM_THREADS={threads!r} must be a number of threads "
+                  f">= 1 (unset it to use every core)", file=sys.stderr)  # warns, and the run goes on with a default
+            sys.exit(2)
         sys.exit(main())
     except KeyboardInterrupt as e:
         if getattr(e, "reported_to", None) is not sys.stderr:
@@ -472,29 +481,6 @@ def cli(main, prog, kept):
             e.hint = "(try smaller sizes)"
         print(f"{prog}: error: {fault(e).splitlines()[0]}; {kept}", file=sys.stderr)
         sys.exit(1)
-
-
-def log_error(log):
-    """The line of a run's log that says why it stopped: its last "error:" line, else its last line."""
-    try:
-        with open(log, errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip()]
-    except OSError:
-        return f"{log} cannot be read"
-    return next((line for line in reversed(lines) if ": error: " in line), lines[-1] if lines else "its log is empty")
-
-
-def run_in_process(main, argv, log, mode="a", contain=True):
-    """main(argv), a script's (train.main), in this process with its output to the file log (mode "a" adds to it,
-    "w" starts it afresh); returns its exit code. contain: a crash is its traceback in the log and exit code 1, and
-    an argument error's SystemExit its code, so that a sweep goes on (reproduce.py); else both reach the caller."""
-    with open(log, mode, buffering=1) as f, redirect_stdout(f), redirect_stderr(f):
-        if not contain:
-            return main(argv)
-        try:
-            return main(argv)
-        except SystemExit as e:
-            return e.code
-        except Exception:  # a crashed cell must not stop the sweep
-            traceback.print_exc()
-            return 1
+    finally:  # the work is over: a late signal is ignored, not a traceback from the exit's clean-up (called
+        for s, handler in before.items():  # from Python, as a test does, the caller's handlers come back)
+            signal.signal(s, handler if handler in (signal.default_int_handler, signal.SIG_DFL) else signal.SIG_IGN)

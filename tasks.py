@@ -85,7 +85,9 @@ class Task:
     def loss(self, out, batch):
         """Mean over the scored positions. Written as a masked sum, not out[mask], because boolean
         indexing makes the host wait for the GPU to learn how many positions there are."""
-        m, out = batch.mask, out.float()
+        m, out, want = batch.mask, out.float(), (*batch.mask.shape, 2 if self.gaussian else self.n_classes)
+        if out.shape != want:  # a model of one's own (--model FILE.py:Class) with another head: said, not torch's
+            raise ValueError(f"the model's output is {tuple(out.shape)}; {self.name} needs (B, T, C) = {want}")
         if self.gaussian:
             # Gaussian negative log-likelihood, out = (mean, log-variance); unscored outputs are zeroed
             # first so that an extreme one cannot put inf * 0 = nan into the gradient

@@ -365,7 +365,7 @@ def seed_of(path, seed, task="bijection", V=6, lr=3e-3):
 
 
 @pytest.mark.parametrize("b, want", [
-    (dict(seed=1), "both ran with --seed 1: the same run twice?"),
+    (dict(seed=1), "both ran with --seed 1: one run twice?"),
     (dict(seed=2, V=7), "are not seeds of one recipe: their --V differ (6 vs 7)"),
     (dict(seed=2, lr=1e-3), "their --lr differ (0.003 vs 0.001)"),
     (dict(seed=2, task="recall"), "their task differ (bijection vs recall)"),
@@ -512,6 +512,8 @@ def test_a_rank_whose_partners_never_start_ends_with_a_line(monkeypatch, tmp_pat
 
 
 @pytest.mark.parametrize("env, want", [(dict(WORLD_SIZE="2", RANK="2"), "RANK=2 and WORLD_SIZE=2: a run has"),
+                                       (dict(WORLD_SIZE="2", RANK="0", MASTER_ADDR="no.such.host.invalid",
+                                             MASTER_PORT="29500"), "MASTER_ADDR names no host"),
                                        (dict(WORLD_SIZE="1", RANK="5"), "RANK=5 and WORLD_SIZE=1: a run has"),
                                        (dict(WORLD_SIZE="2", RANK="0"), "needs MASTER_ADDR and a MASTER_PORT")])
 def test_a_torchrun_environment_without_its_rank_or_master_is_named(monkeypatch, tmp_path, capsys, env, want):
@@ -522,13 +524,13 @@ def test_a_torchrun_environment_without_its_rank_or_master_is_named(monkeypatch,
     one_line(capsys, want)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_ends_a_rank_waiting_for_its_partners(tmp_path, sig):
+@pytest.mark.parametrize("sig, rank", [(signal.SIGTERM, "0"), (signal.SIGINT, "0"), (signal.SIGTERM, "1")])
+def test_a_signal_ends_a_rank_waiting_for_its_partners(tmp_path, sig, rank):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    env = dict(os.environ, WORLD_SIZE="2", RANK=rank, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")  # rank 1: no rank 0 to reach
     p = subprocess.Popen([sys.executable, "train.py", *TINY_RUN, "--out_dir", str(tmp_path / "run")], cwd=root,
                          env=env, stderr=subprocess.PIPE, text=True)
     time.sleep(5)  # imported, and waiting for rank 1 (300 s before it gives up)
@@ -583,7 +585,7 @@ def test_a_bad_environment_under_a_sweep_is_said_on_stderr(tmp_path, monkeypatch
                      "variable WORLD_SIZE='abc'")
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-2", "4,x"])
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "4,x", "", " "])
 def test_omp_num_threads_that_is_not_a_count_is_refused(monkeypatch, capsys, value):
     monkeypatch.setenv("OMP_NUM_THREADS", value)
     with pytest.raises(SystemExit) as e:
@@ -613,3 +615,59 @@ def test_geometry_on_a_read_only_run_says_so_before_the_work(tmp_path, monkeypat
     capsys.readouterr()
     assert exit_code(geometry.main, ["keys", "--ckpt", str(run)]) == 2
     one_line(capsys, f"--ckpt {run}: cannot write there ({run} is not writable)")
+
+
+LATE_SIGNAL = """
+import atexit, os, signal, sys, time
+signal.signal(signal.SIGINT, lambda *a: os._exit(9))  # a script's own handler while torch loads
+import runtime
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.5)))  # Ctrl-C while the process exits
+runtime.cli(lambda: 0, "x.py", "nothing was written")
+"""
+
+
+def test_a_signal_after_the_work_is_done_is_ignored():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", LATE_SIGNAL], cwd=root, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+EDITS = dict(  # a checkpoint edited by hand: what each edit does to it
+    extra_field=lambda s: s["model_config"].update(bogus=1), other_model=lambda s: s["config"].update(model="mamba"),
+    config_text=lambda s: s.update(config="notadict"), no_model_config=lambda s: s.update(model_config=None),
+    step_text=lambda s: s.update(iter="x"), no_train=lambda s: s["config"].pop("train"),
+    other_vocabulary=lambda s: s["config"]["task_opts"].update(V=9))
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_hand_edited_checkpoint_is_one_line(tmp_path, capsys, edit):
+    run = tmp_path / "run"
+    assert run_main(TINY_RUN + ["--out_dir", str(run)]) == 0
+    state = torch.load(run / "ckpt.pt", weights_only=True)
+    EDITS[edit](state)
+    torch.save(state, run / "ckpt.pt")
+    capsys.readouterr()
+    assert run_main(["--resume", "--out_dir", str(run), "--max_iters", "4"]) == 2
+    one_line(capsys, f"{run / 'ckpt.pt'}: not a readable train.py checkpoint (")
+    assert exit_code(geometry.main, ["keys", "--ckpt", str(run), "--n_seq", "8", "--no_plot"]) == 2
+    one_line(capsys, "not a readable train.py checkpoint (")
+
+
+def test_seeds_reads_a_runs_settings_from_its_checkpoint_without_results_json(tmp_path, capsys):
+    runs = []
+    for name, flags in (("a", ["--seed", "1"]), ("b", ["--seed", "1", "--lr", "1e-3"]), ("c", ["--seed", "1"])):
+        assert run_main(TINY_RUN + flags + ["--out_dir", str(tmp_path / name)]) == 0
+        os.remove(tmp_path / name / "results.json")
+        (tmp_path / name / "geometry_qk.json").write_text(json.dumps(dict(layers=[dict(att_entropy_bits=1.0)])))
+        runs.append(str(tmp_path / name))
+    capsys.readouterr()
+    assert exit_code(geometry.main, ["seeds", runs[0], runs[1], "--out", str(tmp_path / "out")]) == 2
+    one_line(capsys, "their --lr differ (0.004 vs 0.001)")
+    assert exit_code(geometry.main, ["seeds", runs[0], runs[2], "--out", str(tmp_path / "out")]) == 2
+    one_line(capsys, "both ran with --seed 1")
+    for name in "ac":
+        os.remove(tmp_path / name / "ckpt.pt")  # copied diagnostics only: nothing to compare, and said so
+    assert exit_code(geometry.main, ["seeds", runs[0], runs[2], "--out", str(tmp_path / "out")]) == 0
+    assert f"unchecked: {runs[0]} has no results.json or ckpt.pt" in capsys.readouterr().out

@@ -155,6 +155,7 @@ def test_a_spec_that_names_no_model_is_one_line(tmp_path, capsys, spec, expect):
     ("import torch\n\nx = 1\nraise RuntimeError('no GPU here')\n",
      "--model {file}:Conv: importing it raised RuntimeError: no GPU here at {file}:4"),
     ("from torch import no_such_name\n", "--model {file}:Conv: importing it raised ImportError: cannot import name"),
+    ("raise SystemExit(3)\n", "--model {file}:Conv: importing it raised SystemExit: 3"),
 ])
 def test_a_model_file_that_fails_on_import_is_one_line(tmp_path, capsys, source, expect):
     file = model_file(tmp_path, "broken", source)
@@ -164,6 +165,14 @@ def test_a_model_file_that_fails_on_import_is_one_line(tmp_path, capsys, source,
     assert not (tmp_path / "run").exists()
     model_file(tmp_path, "broken", CONV_PY)  # mended, the same file is read afresh
     assert presets.resolve_model(f"{file}:Conv")[1].__name__ == "Conv"
+
+
+def test_a_model_whose_head_has_the_wrong_width_is_one_line(tmp_path, capsys):
+    conv = model_file(tmp_path, "conv", CONV_PY.replace("nn.Linear(c.d_model, c.n_classes)", "nn.Linear(c.d_model, 4)"))
+    assert exit_code(train.main, ["--task", "bijection", "--model", f"{conv}:Conv", *TINY,
+                                  "--out_dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "train.py: error: the model's output is (8, 9, 4); bijection needs (B, T, C) = (8, 9, 6)", err
 
 
 def test_a_model_that_lacks_the_gaussian_head_is_refused_on_regression(tmp_path, capsys):
