@@ -358,8 +358,8 @@ def read_runs(run_dirs):
                 raise ValueError(f"{run} is given twice: give each seed's run once")
             differs = setting_differs(was, configs[-1], ignore=HOW_IT_RAN | EVALUATION | {"seed"})
             if differs:
-                raise ValueError(f"{earlier['run']} and {run} are not seeds of one recipe: their {differs[0]} "
-                                 f"differ ({differs[1]} vs {differs[2]})")
+                raise ValueError(f"{earlier['run']} and {run} are not seeds of one recipe: {differs[0]} {differs[1]} "
+                                 f"vs {differs[2]}")
             if runs[-1]["seed"] is not None and runs[-1]["seed"] == earlier["seed"]:
                 raise ValueError(f"{earlier['run']} and {run} both ran with --seed {earlier['seed']}: one run twice?")
     return runs, found

@@ -244,6 +244,9 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
     it_log = it
     state = lambda: checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed + time.time() - t_start,
                                history)  # what ckpt.pt would hold now
+    if resume_state and not all(torch.isfinite(p).all() for p in model.parameters()):  # a diverged run's last save
+        print0(f"train.py: error: {out_dir}: its weights are not finite (step {it})", file=sys.stderr)
+        return 1
     while it < T and not eval_only:
         lr = get_lr(it, train)
         for group in opt.param_groups:
@@ -279,9 +282,6 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
             break
         if verdict in ("diverged", "failed"):  # rank 0 said why
             return 1 if verdict == "diverged" else 2
-    if eval_only and not all(torch.isfinite(p).all() for p in model.parameters()):
-        print0(f"train.py: error: {out_dir}: weights not finite (step {it}), nothing to evaluate", file=sys.stderr)
-        return 1
     if proc.alone():
         final_eval(cfg, eval_tasks, eval_fwd, proc, ctx, it, history, elapsed + time.time() - t_start,
                    model_config, eval_only)

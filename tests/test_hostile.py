@@ -366,9 +366,9 @@ def seed_of(path, seed, task="bijection", V=6, lr=3e-3):
 
 @pytest.mark.parametrize("b, want", [
     (dict(seed=1), "both ran with --seed 1: one run twice?"),
-    (dict(seed=2, V=7), "are not seeds of one recipe: their --V differ (6 vs 7)"),
-    (dict(seed=2, lr=1e-3), "their --lr differ (0.003 vs 0.001)"),
-    (dict(seed=2, task="recall"), "their task differ (bijection vs recall)"),
+    (dict(seed=2, V=7), "are not seeds of one recipe: --V 6 vs 7"),
+    (dict(seed=2, lr=1e-3), "are not seeds of one recipe: --lr 0.003 vs 0.001"),
+    (dict(seed=2, task="recall"), "are not seeds of one recipe: task bijection vs recall"),
 ])
 def test_seeds_refuses_runs_of_different_recipes_or_one_seed(tmp_path, capsys, b, want):
     a = seed_of(geometry_run(tmp_path / "a", 1), 1)
@@ -390,7 +390,7 @@ def test_seeds_refuses_diagnostics_of_another_task(tmp_path, capsys):
         qk = json.load(open(os.path.join(run, "geometry_qk.json")))
         json.dump(qk | dict(task=task, model="transformer"), open(os.path.join(run, "geometry_qk.json"), "w"))
     assert exit_code(geometry.main, ["seeds", a, b, "--out", str(tmp_path / "out")]) == 2
-    one_line(capsys, "their task differ (bijection vs recall)")
+    one_line(capsys, "are not seeds of one recipe: task bijection vs recall")
 
 
 def test_conditioning_summary_of_a_folder_without_results_is_refused(tmp_path, capsys):
@@ -664,7 +664,7 @@ def test_seeds_reads_a_runs_settings_from_its_checkpoint_without_results_json(tm
         runs.append(str(tmp_path / name))
     capsys.readouterr()
     assert exit_code(geometry.main, ["seeds", runs[0], runs[1], "--out", str(tmp_path / "out")]) == 2
-    one_line(capsys, "their --lr differ (0.004 vs 0.001)")
+    one_line(capsys, "are not seeds of one recipe: --lr 0.004 vs 0.001")
     assert exit_code(geometry.main, ["seeds", runs[0], runs[2], "--out", str(tmp_path / "out")]) == 2
     one_line(capsys, "both ran with --seed 1")
     for name in "ac":

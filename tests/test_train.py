@@ -169,7 +169,9 @@ def test_eval_only_on_weights_that_are_not_finite_exits_1_without_an_eval_json(t
     capsys.readouterr()
     assert run_main(["--task", "bijection", "--eval_only", "--out_dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip()
-    assert err == f"train.py: error: {tmp_path}: weights not finite (step 2), nothing to evaluate", err
+    assert err == f"train.py: error: {tmp_path}: its weights are not finite (step 2)", err
+    assert run_main(["--task", "bijection", "--resume", "--max_iters", "4", "--out_dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == err  # not trained on, and not called a good checkpoint
     assert not (tmp_path / "eval.json").exists()
 
 
