@@ -84,11 +84,12 @@ def load_checkpoint(path):
                 d["d_model"] = d.pop("n_embd")
             d.pop("init_std", None)
         Config, task = resolve_model(cfg["model"])[0], make_task(cfg["task"], **cfg["task_opts"])
-        Config(**mc), cfg["train"]["seed"], state["model"].items()
+        Config(**mc)  # a field its model does not have: TypeError
+        if not (isinstance(cfg["train"], dict) and isinstance(state["model"], dict) and type(state["iter"]) is int):
+            raise TypeError("its training settings, weights or step are not what train.py writes")
         wrong = [k for k in IO_FIELDS if k in mc and mc[k] != getattr(task, k)]
-        if wrong or not isinstance(state["iter"], int):
-            raise ValueError(f"its {wrong[0]} is {mc[wrong[0]]}, its task's {getattr(task, wrong[0])}" if wrong else
-                             f"its step is {state['iter']!r}")
+        if wrong:
+            raise ValueError(f"its model's {wrong[0]} is {mc[wrong[0]]}, its task's {getattr(task, wrong[0])}")
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"{bad} ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})") from None
     return state

@@ -244,7 +244,7 @@ class Optimizers:
 
 
 # -----------------------------------------------------------------------------
-# what the scripts' output shares: the code's version, times, figures
+# what the scripts' output shares: times, figures
 
 
 def fmt_time(s):
