@@ -15,6 +15,7 @@ plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manage
 """
 import builtins
 from contextlib import suppress
+from dataclasses import MISSING, fields
 import glob
 import io
 import json
@@ -85,14 +86,31 @@ def load_checkpoint(path):
             d.pop("init_std", None)
         Config, task = resolve_model(cfg["model"])[0], make_task(cfg["task"], **cfg["task_opts"])
         Config(**mc)  # a field its model does not have: TypeError
-        if not (isinstance(cfg["train"], dict) and isinstance(state["model"], dict) and type(state["iter"]) is int):
-            raise TypeError("its training settings, weights or step are not what train.py writes")
+        odd = [k for k, ok in fits(state, Config).items() if not ok]
+        if odd:
+            raise TypeError(f"its {odd[0]} is not what train.py writes")
         wrong = [k for k in IO_FIELDS if k in mc and mc[k] != getattr(task, k)]
         if wrong:
             raise ValueError(f"its model's {wrong[0]} is {mc[wrong[0]]}, its task's {getattr(task, wrong[0])}")
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"{bad} ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})") from None
     return state
+
+
+def fits(state, Config):
+    """{part of a checkpoint: whether it is of the kind train.py writes} for the parts that a run resumes from
+    (those absent pass: geometry.py reads checkpoints without them) and the model's settings, each of its
+    config's type (an int where the default is an int, a float or an int where it is a float)."""
+    rng = lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8
+    kind = lambda d: (int, float) if isinstance(d, float) else type(d)
+    mc = state["model_config"]
+    return dict(train=isinstance(state["config"]["train"], dict), weights=isinstance(state["model"], dict),
+                step=type(state["iter"]) is int and state["iter"] >= 0,
+                elapsed=isinstance(state.get("elapsed", 0.0), (int, float)),
+                history=isinstance(state.get("history", []), list),
+                **{k: rng(state[k]) for k in ("torch_rng", "cuda_rng", "gen_state") if k in state},
+                **{f"model's {f.name}": isinstance(mc[f.name], kind(f.default)) for f in fields(Config)
+                   if f.name in mc and f.default not in (None, MISSING)})
 
 
 def run_record(run):

@@ -23,6 +23,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 
 import torch
@@ -105,29 +106,26 @@ def init_distributed(train, device):
 
 
 def rendezvous(rank, world):
-    """The store every rank meets at, torchrun's MASTER_ADDR:MASTER_PORT, hosted by rank 0 (or torchrun's agent).
-    torch's own rendezvous waits in C++, deaf to Ctrl-C and SIGTERM, 30 minutes for the other processes; here each
-    waits in Python, and one missing after RENDEZVOUS_S seconds (a WORLD_SIZE set by hand) ends the run in a line."""
+    """The store every rank meets at, MASTER_ADDR:MASTER_PORT, hosted by rank 0 (or torchrun's agent). torch's own
+    waits 30 minutes in C++, deaf to Ctrl-C and SIGTERM; each wait here is Python's, RENDEZVOUS_S at most."""
     port, addr = env_int("MASTER_PORT", 0), os.environ.get("MASTER_ADDR", "")
     if not (addr and 0 < port < 2 ** 16):
         raise ValueError(f"WORLD_SIZE={world} needs MASTER_ADDR and a MASTER_PORT in [1, 65535]: start the run "
                          f"with torchrun, which sets them, or unset WORLD_SIZE to run alone")
     where, deadline = f"MASTER_ADDR:MASTER_PORT {addr}:{port}", time.time() + RENDEZVOUS_S
     host = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"  # else torchrun's agent hosts it
-    try:  # the host looked up, and (not hosting) its port tried, from Python: torch's store client would retry
-        socket.getaddrinfo(addr, port)  # both in C++, deaf to Ctrl-C and SIGTERM, for the whole timeout
-    except socket.gaierror:
-        raise ValueError(f"{where}: MASTER_ADDR names no host") from None
-    while not host and time.time() < deadline:
-        try:
-            socket.create_connection((addr, port), timeout=1).close()
+    while time.time() < deadline:  # the host looked up, and its port tried unless hosting it, from Python: torch's
+        try:                       # store client retries both in C++, deaf to signals, its log filling with warnings
+            socket.getaddrinfo(addr, port) if host else socket.create_connection((addr, port), timeout=1).close()
             break
+        except socket.gaierror:
+            raise ValueError(f"{where}: MASTER_ADDR names no host") from None
         except OSError:
             time.sleep(0.2)  # Ctrl-C and SIGTERM are heard here
-    try:
-        store = dist.TCPStore(addr, port, world, is_master=host, wait_for_workers=False, multi_tenant=True,
-                              timeout=timedelta(seconds=max(deadline - time.time(), 1)))
-    except (RuntimeError, OSError) as e:  # the port taken, or the host gone
+    try:  # waited for in Python: a port held by a server of another kind would hold the handshake forever
+        store = waited(lambda: dist.TCPStore(addr, port, world, host, wait_for_workers=False, multi_tenant=True,
+                                             timeout=timedelta(seconds=max(deadline - time.time(), 1))), deadline)
+    except (RuntimeError, OSError) as e:  # the port taken, the host gone, or (TimeoutError) no answer
         raise ValueError(f"rank {rank} could not {'host' if host else 'reach'} the rendezvous at {where} "
                          f"({str(e).splitlines()[0][:100]})") from None
     store.set_timeout(timedelta(seconds=RENDEZVOUS_S))  # for the process group's own exchanges through it
@@ -142,13 +140,30 @@ def rendezvous(rank, world):
     return store
 
 
+def waited(work, deadline):
+    """work() in a thread, waited for here, where Ctrl-C and SIGTERM are heard (a call blocked in C++ is deaf to
+    them); TimeoutError past the deadline (a time.time()), the thread left behind."""
+    out = []
+
+    def run():
+        try:
+            out.append(work())
+        except Exception as e:
+            out.append(e)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(max(deadline - time.time(), 0))
+    if not out or isinstance(out[0], Exception):
+        raise out[0] if out else TimeoutError("no answer")
+    return out[0]
+
+
 def data_parallel(model, device, world):
     """model, or under torchrun model in DDP (gradients averaged over the processes). Buffers are constants
-    (position tables, masks): nothing to broadcast, and rank 0 evaluates alone."""
+    (position tables, masks), and rank 0 evaluates alone: never synced (torch 2.13 renamed broadcast_buffers)."""
     if world == 1:
         return model
-    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else \
-        "broadcast_buffers"  # its name from torch 2.13, where the old one warns
+    sync = next(k for k in ("forward_sync_buffers", "broadcast_buffers") if k in inspect.signature(DDP).parameters)
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **{sync: False})
 
 
@@ -452,8 +467,7 @@ def check_sizes(p, threads=None, seeds=(), seed_flag="--seed", **sizes):
 
 
 def interrupt(signum, frame):
-    """Ctrl-C or SIGTERM: KeyboardInterrupt, once; a second signal while the run saves and says what it kept is
-    ignored, so that neither the report nor its exit code is cut short."""
+    """Ctrl-C or SIGTERM: KeyboardInterrupt, once; a second one, while the run saves and says so, is ignored."""
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
     raise KeyboardInterrupt

@@ -638,7 +638,10 @@ EDITS = dict(  # a checkpoint edited by hand: what each edit does to it
     extra_field=lambda s: s["model_config"].update(bogus=1), other_model=lambda s: s["config"].update(model="mamba"),
     config_text=lambda s: s.update(config="notadict"), no_model_config=lambda s: s.update(model_config=None),
     step_text=lambda s: s.update(iter="x"), no_train=lambda s: s["config"].pop("train"),
-    other_vocabulary=lambda s: s["config"]["task_opts"].update(V=9))
+    other_vocabulary=lambda s: s["config"]["task_opts"].update(V=9), width_text=lambda s: s["model_config"].update(
+        d_model="x"), generator_text=lambda s: s.update(gen_state="garbage"),
+    rng_floats=lambda s: s.update(torch_rng=torch.zeros(3)), elapsed_text=lambda s: s.update(elapsed="x"),
+    history_text=lambda s: s.update(history="notalist"), step_negative=lambda s: s.update(iter=-5))
 
 
 @pytest.mark.parametrize("edit", list(EDITS))
@@ -671,3 +674,31 @@ def test_seeds_reads_a_runs_settings_from_its_checkpoint_without_results_json(tm
         os.remove(tmp_path / name / "ckpt.pt")  # copied diagnostics only: nothing to compare, and said so
     assert exit_code(geometry.main, ["seeds", runs[0], runs[2], "--out", str(tmp_path / "out")]) == 0
     assert f"unchecked: {runs[0]} has no results.json or ckpt.pt" in capsys.readouterr().out
+
+
+def test_a_rank_whose_port_another_kind_of_server_holds_ends_on_a_signal(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import threading
+    server = socket.socket()  # listens and accepts, and never answers: not a store
+    try:
+        server.bind(("127.0.0.1", 0))
+    except OSError:
+        pytest.skip("no socket on 127.0.0.1 here")
+    server.listen()
+    held = []
+    threading.Thread(target=lambda: held.append(server.accept()), daemon=True).start()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(server.getsockname()[1]), OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, "train.py", *TINY_RUN, "--out_dir", str(tmp_path / "run")], cwd=root,
+                         env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(5)  # imported, connected, and waiting for an answer that never comes
+        p.send_signal(signal.SIGTERM)
+        err = p.communicate(timeout=10)[1].strip()
+    finally:
+        p.kill()
+        server.close()
+    assert p.returncode == 2 and err == "train.py: error: interrupted; nothing was written (training had not started)"
