@@ -383,6 +383,7 @@ def build_config(task, model, preset, given):
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
     check_curriculum(task, task_opts, train)
+    fill_io(model, make_task(task, **task_opts), {})  # a model that cannot take the task: said before any note
     return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
 
 
@@ -455,8 +456,7 @@ def check_train(train):
         raise ValueError(f"--eval_seed_during must be -1 (--eval_seed + 1) or a seed other than --eval_seed "
                          f"({train['eval_seed']}) in [0, 2**63), got {train['eval_seed_during']}")
     check_device(train["device"])
-    note = curriculum_note(train)
-    if note and os.environ.get("RANK", "0") == "0":  # said once, by rank 0, after every setting here has passed
+    if (note := curriculum_note(train)) and os.environ.get("RANK", "0") == "0":  # once, after every check passed
         print(note, file=sys.stderr)
 
 

@@ -85,9 +85,12 @@ class Task:
     def loss(self, out, batch):
         """Mean over the scored positions. Written as a masked sum, not out[mask], because boolean
         indexing makes the host wait for the GPU to learn how many positions there are."""
-        m, out, want = batch.mask, out.float(), (*batch.mask.shape, 2 if self.gaussian else self.n_classes)
-        if out.shape != want:  # a model of one's own (--model FILE.py:Class) with another head: said, not torch's
-            raise ValueError(f"the model's output is {tuple(out.shape)}; {self.name} needs (B, T, C) = {want}")
+        want = (*batch.mask.shape, 2 if self.gaussian else self.n_classes)
+        got = getattr(out, "shape", type(out).__name__)  # a tuple, or a name: tensors only
+        if got != want:  # a model of one's own (--model FILE.py:Class) with another head: said, not torch's
+            raise ValueError(f"the model's output is {tuple(got) if isinstance(got, tuple) else 'a ' + got}; "
+                             f"{self.name} needs a tensor (B, T, C) = {want}")
+        m, out = batch.mask, out.float()
         if self.gaussian:
             # Gaussian negative log-likelihood, out = (mean, log-variance); unscored outputs are zeroed
             # first so that an extreme one cannot put inf * 0 = nan into the gradient

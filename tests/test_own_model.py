@@ -172,15 +172,21 @@ def test_a_model_whose_head_has_the_wrong_width_is_one_line(tmp_path, capsys):
     assert exit_code(train.main, ["--task", "bijection", "--model", f"{conv}:Conv", *TINY,
                                   "--out_dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "train.py: error: the model's output is (8, 9, 4); bijection needs (B, T, C) = (8, 9, 6)", err
+    assert err == ("train.py: error: the model's output is (8, 9, 4); bijection needs a tensor (B, T, C) = "
+                   "(8, 9, 6)"), err
+    pair = "    def __call__(self, x):\n        return super().__call__(x), None\n\n    def num_params"  # (logits, None)
+    conv = model_file(tmp_path, "pair", CONV_PY.replace("    def num_params", pair))
+    assert exit_code(train.main, ["--task", "bijection", "--model", f"{conv}:Conv", *TINY,
+                                  "--out_dir", str(tmp_path / "run")]) == 2
+    assert "the model's output is a tuple; bijection needs a tensor (B, T, C)" in capsys.readouterr().err
 
 
 def test_a_model_that_lacks_the_gaussian_head_is_refused_on_regression(tmp_path, capsys):
     gru = model_file(tmp_path, "gru", GRU_PY.replace("    gaussian: bool = False  # real-valued prediction: Gaussian "
                                                      "head\n", "").replace("2 if c.gaussian else c.n_classes",
                                                                            "c.n_classes"))
-    assert exit_code(train.main, ["--task", "regression", "--model", f"{gru}:GRU", "--max_iters", "0",
-                                  "--out_dir", str(tmp_path / "run")]) == 2
+    assert exit_code(train.main, ["--task", "regression", "--model", f"{gru}:GRU", "--max_iters", "4",
+                                  "--out_dir", str(tmp_path / "run")]) == 2  # no curriculum note before the line
     assert capsys.readouterr().err.strip() == (f"train.py: error: {gru}:GRU cannot give regression's Gaussian "
                                                "prediction: its config has no gaussian field")
 
