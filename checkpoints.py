@@ -28,8 +28,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from presets import resolve_model
-from tasks import IO_FIELDS, make_task
+from presets import fill_io, resolve_model
+from tasks import make_task
 
 RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
 UMASK = os.umask(0o022)  # read by setting it: put back at once
@@ -89,9 +89,9 @@ def load_checkpoint(path):
         odd = [k for k, ok in fits(state, Config).items() if not ok]
         if odd:
             raise TypeError(f"its {odd[0]} is not what train.py writes")
-        wrong = [k for k in IO_FIELDS if k in mc and mc[k] != getattr(task, k)]
+        wrong = [(k, v) for k, v in fill_io(cfg["model"], task, {}).items() if mc.get(k, v) != v]  # train.py's
         if wrong:
-            raise ValueError(f"its model's {wrong[0]} is {mc[wrong[0]]}, its task's {getattr(task, wrong[0])}")
+            raise ValueError(f"its model's {wrong[0][0]} is {mc[wrong[0][0]]}, its task's {wrong[0][1]}")
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise ValueError(f"{bad} ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})") from None
     return state
