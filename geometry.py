@@ -16,6 +16,7 @@ Each diagnostic's function defines what it measures:
 - dynamics: frame against precision over one run's checkpoints (train with --ckpt_schedule log), with every
   figure of the claims table at each checkpoint, the authors' three value-manifold protocols and, with
   --frame_seqs, their frame ratio (geometry_stats.py's docstring);
+- trajectory: one run's checkpoints beside the authors' dense run, step by step (`--preset authors`);
 - ablate: entropy MAE with layers and heads removed, and the authors' frame-head criterion;
 - clusters (v3 "five clusters"; hmm): the argmax-state clusters against permuted labels and k-means;
 - belief (Shai et al. 2024, arXiv 2405.15943): a linear probe of the whole posterior vector.
@@ -49,7 +50,7 @@ from einops import rearrange
 from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, run_record,
                          setting_differs, write_file, write_json)
 from geometry_attention import (ATTENTION, KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
-                                keys_figures, qk, qk_figures)
+                                keys_figures, qk, qk_figures, trajectory)
 from geometry_stats import (BELIEF_EPS, abs_corr, belief_kl, final_streams, manifold_stats, probe, r2,
                             state_clusters, subsample)
 from oracles import entropy_bits, oracle
@@ -57,7 +58,7 @@ from presets import Parser
 from runtime import cli, fault, pyplot, seed_arg
 from tasks import held_out, make_task
 
-DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "ablate", "clusters", "belief")  # the order of `all`
+DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "trajectory", "ablate", "clusters", "belief")  # `all`'s order
 ENTROPY_TASKS = ("bijection", "hmm")  # posterior entropy varies across scored positions
 BELIEF_TASKS = ("bijection", "hmm", "regression")  # a posterior vector; recall's and hop's are point masses
 
@@ -274,7 +275,7 @@ def belief(model, task, batch, state, args):
     return r, draw
 
 
-RUN = dict(keys=keys, qk=qk, values=manifold, dynamics=dynamics, ablate=ablate,
+RUN = dict(keys=keys, qk=qk, values=manifold, dynamics=dynamics, trajectory=trajectory, ablate=ablate,
            clusters=partial(manifold, by_state=True), belief=belief)
 # each diagnostic's figures for the claims table, read from its result (the others have none): main writes them
 # into geometry_<name>.json as `figures`, and seeds reads them from there
@@ -403,7 +404,7 @@ def seeds(argv):
 def why_not(name, cfg, path):
     """None if the diagnostic applies to this checkpoint, else the reason."""
     model, task = cfg["model"], cfg["task"]
-    if name in ("keys", "qk", "dynamics") and model not in ATTENTION:
+    if name in ("keys", "qk", "dynamics", "trajectory") and model not in ATTENTION:
         return f"{name} needs a model with softmax attention ({', '.join(ATTENTION)}), not {model!r}"
     if name in ("values", "dynamics") and task not in ENTROPY_TASKS:
         return f"{name} needs a task whose posterior entropy varies ({', '.join(ENTROPY_TASKS)}), not {task!r}"
@@ -415,8 +416,10 @@ def why_not(name, cfg, path):
                 f"{task}'s is a point mass on {what}, nothing to probe")
     if name in ("keys", "qk") and task not in KEY_TASKS:
         return f"{name} needs a task with hypothesis tokens, not {task!r}"
-    if name == "dynamics" and not glob.glob(os.path.join(path, "ckpt_*.pt")):
-        return f"dynamics needs snapshot checkpoints ckpt_*.pt in {path} (train with --ckpt_schedule log)"
+    if name == "trajectory" and (task != "bijection" or cfg["task_opts"].get("layout", "separate") != "separate"):
+        return "trajectory needs a bijection run in the authors' separate layout, their dense run's task"
+    if name in ("dynamics", "trajectory") and not glob.glob(os.path.join(path, "ckpt_*.pt")):
+        return f"{name} needs snapshot checkpoints ckpt_*.pt in {path} (train with --ckpt_schedule log or dense)"
     return None
 
 
@@ -443,8 +446,9 @@ def main(argv=None):
     p.add_argument("--K", type=int, default=None,
                    help="hmm: observations per sequence (default: the run's; the authors' five-cluster figure: 15)")
     p.add_argument("--n_perm", type=int, default=200, help="clusters: label permutations in the silhouette's null")
-    p.add_argument("--frame_seqs", type=int, default=0, help="dynamics: sequences of the authors' batch for their frame "
-                   "ratio at every checkpoint (0: off; theirs: 256, about an hour a checkpoint on a CPU core)")
+    p.add_argument("--frame_seqs", type=int, default=0, help="dynamics, trajectory: sequences of the authors' batch for "
+                   "their frame ratio at every checkpoint (0: off; theirs: 256, ~15 minutes a paper-size checkpoint on "
+                   "a 2-core CPU)")
     p.add_argument("--no_plot", action="store_true", help="write the JSON only")
     args = p.parse_args(argv)
     try:

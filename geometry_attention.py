@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from checkpoints import build_model, ckpt_path, load, load_checkpoint
-from geometry_stats import (final_streams, frame_ratio, jlens_tokens, js_bits, manifold_stats, offdiag_abs_cos,
-                            offdiag_cos, value_protocols)
+from geometry_stats import (AUTHORS_DENSE, final_streams, frame_ratio, jlens_mae, jlens_tokens, js_bits,
+                            manifold_stats, offdiag_abs_cos, offdiag_cos, value_protocols)
 from oracles import Metrics, entropy_bits, oracle
 from transformer import attn_bias
 
@@ -263,7 +263,7 @@ def key_positions_mae(model, task, batch, **kw):
     paired_calibration_mae: every prefix k1 v1 .. k_t, the entropy at k_t against log2(V - t + 1))."""
     keys = batch.mask.clone()
     keys[:, -1] = False
-    H_model = entropy_bits(F.softmax(model(batch.x, **kw).double(), -1)[keys])
+    H_model = entropy_bits(F.softmax(task.answers(model(batch.x, **kw)).double(), -1)[keys])
     return (H_model - entropy_bits(oracle(task, batch)[keys])).abs().mean().item()
 
 
@@ -383,8 +383,21 @@ def checkpoint_stats(model, task, batch, args, final_frame=None):
         r["values"] = dict(ours=ours) | value_protocols(model, task, args.seed)
         if args.frame_seqs:
             x = jlens_tokens(task, args.frame_seqs)
-            r["frame"] = frame_ratio(model, final_frame, x, task.n_classes)
+            r["frame"] = frame_ratio(model, final_frame, x, task)
     return r
+
+
+def snapshots(run_dir, state):
+    """The run's ckpt_*.pt and ckpt.pt, each checked to be a snapshot of this run (state: ckpt.pt's)."""
+    paths = glob.glob(os.path.join(run_dir, "ckpt_*.pt")) + [ckpt_path(run_dir)]
+    run = lambda st: [st["config"][k] for k in ("task", "task_opts", "model")] + [st["model_config"]]
+    for path in paths:  # before the work: a checkpoint of another run copied into the folder
+        st = load_checkpoint(path)
+        if run(st) != run(state):
+            raise ValueError(f"{path} is not a snapshot of {ckpt_path(run_dir)} (another run: "
+                             f"{st['config']['model']} on {st['config']['task']} {st['config']['task_opts']}); "
+                             f"move it out of the folder")
+    return paths
 
 
 def dynamics(model, task, batch, state, args):
@@ -399,15 +412,7 @@ def dynamics(model, task, batch, state, args):
     final = maps(model(batch.x, return_internals=True)[1])
     frame = frame_basis(model, task) if args.frame_seqs else None
     rows = {}
-    paths = glob.glob(os.path.join(args.ckpt, "ckpt_*.pt")) + [ckpt_path(args.ckpt)]
-    run = lambda st: [st["config"][k] for k in ("task", "task_opts", "model")] + [st["model_config"]]
-    for path in paths:  # before the work: a checkpoint of another run copied into the folder
-        st = load_checkpoint(path)
-        if run(st) != run(state):
-            raise ValueError(f"{path} is not a snapshot of {ckpt_path(args.ckpt)} (another run: "
-                             f"{st['config']['model']} on {st['config']['task']} {st['config']['task_opts']}); "
-                             f"move it out of the folder")
-    for path in paths:
+    for path in snapshots(args.ckpt, state):
         m, _, st = load(path)
         _, inside = m(batch.x, return_internals=True)
         Z = manifold_stats(inside["final"][batch.mask], H, max_points=args.max_points)[0]
@@ -466,3 +471,44 @@ def dynamics_figures(r):
     settled, and how much the entropy MAE fell after it."""
     return {"layer-0 attention settled at step": r["summary"]["attention_settled_step"][0],
             "entropy MAE's fall after that": r["summary"]["mae_improvement_after_attention"][0]}
+
+
+# -----------------------------------------------------------------------------
+# trajectory: one run's snapshots step by step beside the authors' dense run
+
+
+def trajectory(model, task, batch, state, args):
+    """At every snapshot (ckpt_*.pt, ckpt.pt; --ckpt_schedule dense saves at the authors' steps): the authors'
+    calibration MAE on their 256 sequences (jlens_mae), layer 0's per-head key |cos| (jlens_keys) and, with
+    --frame_seqs, the frame ratio against this checkpoint's frame (theirs: against their step-50,000 frame); beside
+    their dense run's figures at the same step (AUTHORS_DENSE)."""
+    x, frame, rows = jlens_tokens(task, 256), frame_basis(model, task), {}
+    for path in snapshots(args.ckpt, state):
+        m, _, st = load(path)
+        theirs = AUTHORS_DENSE.get(st["iter"], (None, None))
+        rows[st["iter"]] = dict(step=st["iter"], mae=jlens_mae(m, task, x), keys_jlens=jlens_keys(m, task),
+                                authors_mae=theirs[0], authors_frame_ratio=theirs[1])
+        if args.frame_seqs:
+            rows[st["iter"]]["frame"] = frame_ratio(m, frame, x[:args.frame_seqs], task)
+    rows = [rows[step] for step in sorted(rows)]  # ckpt.pt, the last, may repeat a snapshot's step
+    return dict(steps=rows), partial(trajectory_draw, rows)
+
+
+def trajectory_draw(rows, plt):
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4))
+    steps, theirs = [r["step"] for r in rows], sorted(AUTHORS_DENSE.items())
+    nan = float("nan")
+    axs[0].plot(steps, [r["mae"] for r in rows], "o-", ms=3, label="this run")
+    axs[0].plot([s for s, _ in theirs], [v[0] for _, v in theirs], "s--", ms=3, label="the authors' dense run")
+    axs[0].set(xscale="log", yscale="log", xlabel="training step", title="calibration MAE (bits, their 256 sequences)")
+    axs[1].plot(steps, [r["frame"]["frame_ratio"] if "frame" in r else nan for r in rows], "o-", ms=3,
+                label="this run, to its last frame")
+    axs[1].plot([s for s, _ in theirs], [v[1] for _, v in theirs], "s--", ms=3, label="theirs, to their step-50k frame")
+    axs[1].set(xscale="log", xlabel="training step", title="frame ratio to null (jlens)")
+    for stat, f in (("mean", lambda k: sum(k) / len(k)), ("min", min), ("max", max)):
+        axs[2].plot(steps, [f(r["keys_jlens"]) for r in rows], "o-", ms=3, label=stat)
+    axs[2].axhspan(0.43, 0.49, color="gray", alpha=0.2, label="their released model's heads")
+    axs[2].set(xscale="log", xlabel="training step", title="layer-0 keys: mean |cos| per head (jlens)")
+    for ax in axs:
+        ax.legend(fontsize=7)
+    return fig

@@ -39,7 +39,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from oracles import LOG2, gaussian_kl_bits
+from oracles import LOG2, entropy_bits, gaussian_kl_bits
 
 # -----------------------------------------------------------------------------
 # points: cosines, principal axes, linear probes, clusters
@@ -346,11 +346,31 @@ def jlens_tokens(task, n_seq, seed=444):
     return torch.tensor(rows)
 
 
-def jspace_grams(model, x, n_logits, chunk=32):
+# The authors' dense rerun of their recipe (jlens experiments/jlens/results/phase5_dense_summary.json, at 670c6d6):
+# step: (calibration MAE in bits on their 256 sequences, frame ratio to null against their step-50,000 frame)
+AUTHORS_DENSE = {
+    100: (2.82456, 1.017), 200: (0.77779, 1.024), 300: (1.04358, 2.264), 400: (0.91253, 3.649),
+    500: (0.64876, 4.217), 600: (0.35219, 4.608), 700: (0.2007, 4.910), 800: (0.14197, 5.126),
+    900: (0.11498, 5.312), 1000: (0.08603, 5.445), 1500: (0.06473, 5.948), 2000: (0.04337, 6.239),
+    2500: (0.03162, 6.317), 3000: (0.03693, 6.208), 3500: (0.03626, 6.202), 4000: (0.02154, 6.275),
+    4500: (0.01828, 6.328), 5000: (0.02257, 6.350), 6000: (0.01248, 6.430), 7000: (0.01011, 3.192),
+    8000: (0.01873, 4.990), 9000: (0.01244, 3.897), 10000: (0.00933, 5.020), 15000: (0.00565, 6.231),
+    20000: (0.00504, 6.410), 25000: (0.0036, 5.749), 30000: (0.00316, 5.878), 35000: (0.00216, 5.734),
+    40000: (0.00138, 5.552), 45000: (0.0009, 5.637), 50000: (0.00078, 5.635)}
+
+
+def jlens_mae(model, task, x):
+    """jlens calibration.py eval_entropy_mae: the mean |H_model - log2(V - t)| over the key positions of x
+    (jlens_tokens), the model's entropy over the answers (task.answers: the value slice of a whole-vocabulary head)."""
+    H = entropy_bits(F.softmax(task.answers(model(x))[:, 0::2].double(), -1))
+    return (H - torch.log2(task.V - torch.arange(H.shape[1], dtype=torch.float64))).abs().mean().item()
+
+
+def jspace_grams(model, x, task, chunk=32):
     """(2, T, d, d) stacked Grams (jlens extract.py:162-270) at the stream into block 0 and block 0's output: for
-    every later position p' and each of the first n_logits outputs v, g = d out[p', v] / d h[i]. The parameters
+    every later position p' and each answer v (task.answers), g = d out[p', v] / d h[i]. The parameters
     are frozen meanwhile, as the authors freeze them (:201-203)."""
-    B, T = x.shape
+    B, T, n_logits = *x.shape, task.n_classes
     grams, frozen = None, [(p, p.requires_grad) for p in model.parameters()]
     for p, _ in frozen:
         p.requires_grad_(False)
@@ -363,7 +383,7 @@ def jspace_grams(model, x, n_logits, chunk=32):
                      model.blocks[0].register_forward_hook(lambda m, a, out: seen.append(out))]
             try:
                 with torch.enable_grad():
-                    out = model(x[s:s + chunk].repeat(n_logits, 1))
+                    out = task.answers(model(x[s:s + chunk].repeat(n_logits, 1)))
             finally:
                 for h in hooks:
                     h.remove()
@@ -381,13 +401,19 @@ def jspace_grams(model, x, n_logits, chunk=32):
     return grams
 
 
-def frame_ratio(model, frame, x, n_logits, rank=8, n_null=500):
-    """frame_ratio_to_null (run_phase5.py:108-111): the mean projection overlap of the J-spaces at the key
-    positions with a later one (0, 2, ..) with the frame (d, k), over that of n_null random rank-dim subspaces."""
-    grams = jspace_grams(copy.deepcopy(model).float(), x, n_logits)  # float32, as the authors' models
+def frame_ratio(model, frame, x, task, rank=8, n_null=500):
+    """frame_ratio_to_null (run_phase5.py:108-111) of a model on the sequences x: jlens_ratio of its jspace_grams."""
+    grams = jspace_grams(copy.deepcopy(model).float(), x, task)  # float32, as the authors' models
+    return jlens_ratio(grams, frame, rank, n_null) | dict(n_seq=len(x))
+
+
+def jlens_ratio(grams, frame, rank=8, n_null=500):
+    """The mean projection overlap of the J-spaces (each Gram's top-rank eigenvectors) at the key positions with
+    a later one (0, 2, ..), at both sites, with the frame (d, k), over that of n_null random rank-dim subspaces.
+    overlap(U) = ||U^T F||_F^2 / min(rank, k): 1 for a J-space inside the frame, 0 for one orthogonal to it."""
     overlap = lambda U: (torch.linalg.svdvals(U.T @ frame) ** 2).sum().item() / min(U.shape[1], frame.shape[1])
-    Us = [torch.linalg.eigh(grams[site, i])[1][:, -rank:] for site in range(2) for i in range(0, x.shape[1] - 1, 2)]
+    Us = [torch.linalg.eigh(grams[site, i])[1][:, -rank:] for site in range(2) for i in range(0, grams.shape[1] - 1, 2)]
     g = torch.Generator().manual_seed(123)
     nulls = torch.linalg.qr(torch.randn(n_null, frame.shape[0], rank, generator=g).double()).Q
     obs, null = sum(map(overlap, Us)) / len(Us), sum(map(overlap, nulls)) / n_null
-    return dict(frame_ratio=obs / null, overlap=obs, null_overlap=null, n_jspaces=len(Us), n_seq=len(x))
+    return dict(frame_ratio=obs / null, overlap=obs, null_overlap=null, n_jspaces=len(Us))

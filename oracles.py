@@ -194,7 +194,8 @@ class Metrics:
     def update(self, task, batch, out):
         m = batch.mask.cpu()
         B, Q = m.shape[0], int(m[0].sum())
-        out = out.detach().cpu().double()  # on the CPU first: MPS has no float64
+        # on the CPU first (MPS has no float64); of a head over every token, the answers' logits
+        out = task.answers(task.check_output(out, m.shape).detach().cpu().double())
         if task.gaussian:
             mean, var = oracle(task, batch)
             q_mean, q_var = out[..., 0][m], out[..., 1][m].exp()

@@ -63,8 +63,12 @@ TRAIN = {  # name: (default, help); presets and flags override
     "optimizer": ("adamw", "adamw | muon (torch.optim.Muon on the hidden weight matrices, AdamW on the rest)"),
     "lr": (1e-3, "peak learning rate"),
     "min_lr_ratio": (0.1, "final learning rate as a fraction of --lr (cosine decay)"),
+    "lr_schedule": ("nanogpt", "nanogpt: step it's rate, (it + 1) / (warmup + 1) of --lr in the warmup | authors: "
+                               "their scripts' (jlens), s = it + 1: s / warmup of --lr, then the cosine from s = warmup"),
     "warmup_iters": (100, "linear warmup steps"),
-    "weight_decay": (0.01, "AdamW weight decay on matrices and embeddings"),
+    "weight_decay": (0.01, "AdamW weight decay (on --weight_decay_on)"),
+    "weight_decay_on": ("matrices", "matrices: matrices and embeddings | all: every parameter, gains and biases too "
+                                    "(the authors' AdamW)"),
     "beta1": (0.9, "AdamW beta1"),
     "beta2": (0.99, "AdamW beta2"),
     "grad_clip": (1.0, "clip the gradient norm to this (0 = off)"),
@@ -82,14 +86,16 @@ TRAIN = {  # name: (default, help); presets and flags override
                              "-1 = --eval_seed + 1"),
     "eval_K": ([], "also evaluate at these numbers of observations (tasks with a K option)"),
     "ckpt_schedule": ("last", "last: keep ckpt.pt only | eval: also a copy at every evaluation "
-                              "| log: also copies at log-spaced steps"),
+                              "| log: also copies at log-spaced steps | dense: at the authors' dense steps (100, "
+                              "200, .. 1,000, 1,500, .. 5,000, 6,000, .. 10,000, then every 5,000)"),
     "stop_at": ("", "stop once a held-out evaluation reaches this, e.g. mae_curve<=0.01 or accuracy>=0.99"),
     "resume": (False, "continue the run in --out_dir from its ckpt.pt"),
     "overwrite": (False, "replace the run in --out_dir (its ckpt.pt, snapshots, results.json and eval.json)"),
     "eval_only": (False, "evaluate the checkpoint in --out_dir and write eval.json"),
 }
 CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer": ("adamw", "muon"),
-           "ckpt_schedule": ("last", "eval", "log"), "data_device": ("auto", "cpu", "device")}
+           "ckpt_schedule": ("last", "eval", "log", "dense"), "data_device": ("auto", "cpu", "device"),
+           "lr_schedule": ("nanogpt", "authors"), "weight_decay_on": ("matrices", "all")}
 RESUME_STATE = ("optimizer", "gen_state", "torch_rng", "elapsed", "history")  # what a checkpoint gives a resumed run
 HEADER_ROWS = "header + 1"  # a preset's n_pos: a row per header token, then one shared (with_header_rows)
 RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "log_interval", "eval_interval",
@@ -181,6 +187,20 @@ PRESETS["cpu_paper_task"] = dict(PRESETS["quick"], recall=dict(
     mamba=dict(PRESETS["quick"]["recall"]["mamba"], mimetic=True,
                train=dict(optimizer="muon", lr=4e-3, train_all_queries=True, curriculum_hold=750, max_iters=2000,
                           lr_decay_iters=4000))))
+
+# the authors' recipe for the bijection (jlens train_dense_checkpoints.py, the "same hyperparameters" as their analysed
+# production run): AdamW 3e-4, betas (0.9, 0.999), decay 0.1 on every parameter, clip 1.0; 2,000 warm-up steps, a
+# cosine to 0 at 50,000, their rate at each step; batch 256, seed 42, float32; their dense checkpoints. Their model
+# (SepVocabTinyGPT): RMSNorm, attention without biases, an MLP with them, PyTorch's own init, the head tied over the
+# whole 40-token vocabulary (a 40-way cross-entropy), a position table of 2L rows: 2,677,440 parameters. Other models
+# keep their paper sizes under this recipe. Runs: results/geometry_authors.md.
+PRESETS["authors"] = dict(bijection=dict(
+    PRESETS["paper"]["bijection"],
+    train=dict(max_iters=50_000, batch_size=256, lr=3e-4, warmup_iters=2000, min_lr_ratio=0.0, lr_schedule="authors",
+               weight_decay=0.1, weight_decay_on="all", beta1=0.9, beta2=0.999, grad_clip=1.0, seed=42,
+               dtype="float32", ckpt_schedule="dense", eval_interval=500, log_interval=100),
+    transformer=dict(n_layer=6, n_head=6, d_model=192, norm="rmsnorm", bias=False, mlp_bias=True, init="torch",
+                     head_vocab=True, block_size=38)))
 
 # reproduce.py --preset tiny: its quick cells for a few steps at toy sizes (tests). Per task: `train` and `task`
 # settings as flags, and of `model` the sizes each model has. Not a train.py preset.
@@ -318,6 +338,8 @@ def parse_args(argv, doc=""):
     known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
     for k, v in dict(task="recall", model="transformer", preset="quick").items():
         setattr(known, k, getattr(known, k) or v)
+    if known.task not in PRESETS[known.preset]:
+        pre.error(f"--preset {known.preset} has no --task {known.task}; it has {', '.join(PRESETS[known.preset])}")
     p = Parser(prog="train.py", description=doc.strip().split("\n\n")[0], parents=[pre], allow_abbrev=False,
                epilog="Task and model flags depend on --task and --model: see `--task hmm --help`.")
     owners = {}

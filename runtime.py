@@ -285,6 +285,13 @@ def log_spaced(n):
     return sorted({round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)})
 
 
+def dense_steps(n):
+    """The authors' dense checkpoints (jlens train_dense_checkpoints.py) up to n: every 100 steps to 1,000, every
+    500 to 5,000, every 1,000 to 10,000, then every 5,000."""
+    steps = [*range(100, 1000, 100), *range(1000, 5000, 500), *range(5000, 10000, 1000), *range(10000, n + 1, 5000)]
+    return [s for s in steps if s <= n]
+
+
 class Proc:
     """One process's share of a run: its device, rank (rank 0 logs, evaluates and writes) and the number of
     processes; the step it reached and the checkpoints it wrote: ckpt.pt at every evaluation (`kept`, the last
@@ -294,7 +301,8 @@ class Proc:
     def __init__(self, device, rank, world, train, resumed_at=None):
         self.device, self.rank, self.world, self.master = device, rank, world, rank == 0
         self.out_dir, self.every_eval = train["out_dir"], train["ckpt_schedule"] == "eval"
-        self.snapshots = set(log_spaced(train["max_iters"])) if train["ckpt_schedule"] == "log" else set()
+        schedule = dict(log=log_spaced, dense=dense_steps).get(train["ckpt_schedule"], lambda n: [])
+        self.snapshots = set(schedule(train["max_iters"]))
         self.ckpt, self.step = os.path.join(self.out_dir, "ckpt.pt"), resumed_at or 0
         self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
         self.lock, self.aside = None, False  # rank 0's lock on out_dir; an old run set aside by --overwrite

@@ -70,7 +70,8 @@ class Task:
     Model I/O is described by attributes every task has: `vocab_size` (0 for real inputs), `n_features`,
     `n_classes` (answer classes C; the model outputs (B, T, C), or (B, T, 2) = (mean, log-variance) when
     `gaussian`), `answer_offset` (token id of answer class 0 when the answers are tokens, which lets a model tie
-    its head to the embedding) and `seq_len` (T)."""
+    its head to the embedding, or output (B, T, vocab_size) logits over every token, scored on the answers'
+    slice) and `seq_len` (T)."""
     name = None  # the task's key in TASKS, set by each subclass
     gaussian = False  # real-valued prediction with a Gaussian head
     soft_targets = False  # y is a distribution (B, T, C)
@@ -82,15 +83,30 @@ class Task:
     def options(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def whole_vocab(self, out):
+        """Whether out holds logits over the whole vocabulary, (B, T, vocab_size), rather than the C answers'."""
+        return self.answer_offset is not None and self.vocab_size != self.n_classes and out.shape[-1] == self.vocab_size
+
+    def answers(self, out):
+        """The C answers' logits of a model's output: the answer tokens' slice where it covers every token."""
+        return out[..., self.answer_offset:self.answer_offset + self.n_classes] if self.whole_vocab(out) else out
+
+    def check_output(self, out, shape):
+        """out, if it is the tensor this task needs at (B, T) = shape: (B, T, C) (or 2: Gaussian), or where the
+        answers are tokens (B, T, vocab_size); else a one-line error (a model of one's own with another head)."""
+        want = (*shape, 2 if self.gaussian else self.n_classes)
+        got = getattr(out, "shape", type(out).__name__)  # a tuple, or a name: tensors only
+        if got != want and not (isinstance(got, tuple) and got[:-1] == want[:-1] and self.whole_vocab(out)):
+            raise ValueError(f"the model's output is {tuple(got) if isinstance(got, tuple) else 'a ' + got}; "
+                             f"{self.name} needs a tensor (B, T, C) = {want}")
+        return out
+
     def loss(self, out, batch):
         """Mean over the scored positions. Written as a masked sum, not out[mask], because boolean
         indexing makes the host wait for the GPU to learn how many positions there are."""
-        want = (*batch.mask.shape, 2 if self.gaussian else self.n_classes)
-        got = getattr(out, "shape", type(out).__name__)  # a tuple, or a name: tensors only
-        if got != want:  # a model of one's own (--model FILE.py:Class) with another head: said, not torch's
-            raise ValueError(f"the model's output is {tuple(got) if isinstance(got, tuple) else 'a ' + got}; "
-                             f"{self.name} needs a tensor (B, T, C) = {want}")
-        m, out = batch.mask, out.float()
+        m, y, out = batch.mask, batch.y, self.check_output(out, batch.mask.shape).float()
+        if self.whole_vocab(out):  # a head over every token: the cross-entropy over all of them (the authors' head)
+            y = y + self.answer_offset
         if self.gaussian:
             # Gaussian negative log-likelihood, out = (mean, log-variance); unscored outputs are zeroed
             # first so that an extreme one cannot put inf * 0 = nan into the gradient
@@ -100,7 +116,7 @@ class Task:
             # cross-entropy against the posterior: -sum_s alpha_t(s) log q_t(s)
             per = -(batch.y * F.log_softmax(out, -1)).sum(-1)
         else:
-            per = F.cross_entropy(out.flatten(0, 1), batch.y.flatten().masked_fill(~m.flatten(), IGNORE),
+            per = F.cross_entropy(out.flatten(0, 1), y.flatten().masked_fill(~m.flatten(), IGNORE),
                                   reduction="none").view(m.shape)
         return torch.where(m, per, 0.0).sum() / m.sum()
 

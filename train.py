@@ -65,7 +65,7 @@ def make_optimizer(model, train, device):
     rule): both take one --lr and schedule. `_no_weight_decay` (Mamba's A_log, D): never decayed, never in Muon."""
     named = list(model.named_parameters())
     hidden = muon_params(model) if train["optimizer"] == "muon" else set()
-    decays = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
+    decays = lambda p: train["weight_decay_on"] == "all" or p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
     rest = [p for n, p in named if n not in hidden]
     groups = [dict(params=[p for p in rest if decays(p)], weight_decay=train["weight_decay"]),
               dict(params=[p for p in rest if not decays(p)], weight_decay=0.0)]
@@ -95,11 +95,13 @@ def muon_params(model):
 
 
 def get_lr(it, train):
-    """Linear warmup to --lr, cosine down to min_lr_ratio * lr at lr_decay_iters, then flat."""
+    """Linear warmup to --lr, cosine down to min_lr_ratio * lr at lr_decay_iters, then flat. `authors`: their
+    scripts' rate, which counts steps from 1 (s = it + 1): s / w of --lr, then the cosine at (s - w) / (T - w)."""
     w, T = train["warmup_iters"], train["lr_decay_iters"] or train["max_iters"]
-    if it < w:
-        return train["lr"] * (it + 1) / (w + 1)
-    decay = 0.5 * (1 + math.cos(math.pi * min(1.0, (it - w) / max(1, T - w))))
+    s, w1 = (it + 1, w) if train.get("lr_schedule") == "authors" else (it, w + 1)
+    if s < w:
+        return train["lr"] * (it + 1) / w1
+    decay = 0.5 * (1 + math.cos(math.pi * min(1.0, (s - w) / max(1, T - w))))
     return train["lr"] * (train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
 
 

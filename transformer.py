@@ -46,13 +46,17 @@ class TransformerConfig:
     log_scale: bool = False  # each head's logits times s_h log n, n the keys in view, s_h learned (Scalable-Softmax)
     window: int = 0  # > 0: keys within the last `window` positions, and the header (< n_pos - 1) with no ALiBi penalty
     tie_head: bool = True  # answer logits from the answer tokens' embeddings, where answers are tokens
+    head_vocab: bool = False  # logits over the whole input vocabulary (the authors' 40-way head), not the C answers
     norm: str = "layernorm"  # layernorm | rmsnorm
     bias: bool = True  # biases in linear layers and norms
+    mlp_bias: bool = False  # biases in the MLP's two linear maps even with bias off (the authors' production model)
+    init: str = "gpt2"  # gpt2: N(0, 0.02), residual projections / sqrt(2 n_layer) | torch: PyTorch's own defaults
     dropout: float = 0.0  # the paper's models use none
 
 
 POS = ("learned", "rotary", "alibi", "learned_alibi", "none")
 NORMS = ("layernorm", "rmsnorm")
+INITS = ("gpt2", "torch")
 
 
 def make_norm(config):
@@ -139,8 +143,9 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model, bias=config.bias)
-        self.c_proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model, bias=config.bias)
+        bias = config.bias or config.mlp_bias
+        self.c_fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model, bias=bias)
+        self.c_proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model, bias=bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
@@ -167,9 +172,9 @@ class Transformer(nn.Module):
     def __init__(self, config):
         super().__init__()
         c = config
-        if c.pos not in POS or c.norm not in NORMS:
-            raise ValueError(f"transformer: pos must be one of {POS} and norm one of {NORMS}, "
-                             f"got {c.pos!r}, {c.norm!r}")
+        if c.pos not in POS or c.norm not in NORMS or c.init not in INITS:
+            raise ValueError(f"transformer: pos must be one of {POS}, norm one of {NORMS} and init one of {INITS}, "
+                             f"got {c.pos!r}, {c.norm!r}, {c.init!r}")
         if min(c.n_layer, c.n_head, c.d_model, c.block_size) < 1 or c.mlp_ratio < 0:  # before dividing by n_head
             raise ValueError("transformer: n_layer, n_head, d_model and block_size must be >= 1, mlp_ratio >= 0")
         if c.d_model % c.n_head or (c.pos == "rotary" and (c.d_model // c.n_head) % 2):
@@ -185,7 +190,9 @@ class Transformer(nn.Module):
                              "(vocab_size for tokens or n_features for reals)")
         self.config = c
         self.tied = bool(c.tie_head and c.vocab_size and c.answer_offset is not None and not c.gaussian)
-        if self.tied and not 0 <= c.answer_offset <= c.vocab_size - c.n_classes:
+        if c.head_vocab and not (c.vocab_size and c.answer_offset is not None and not c.gaussian):
+            raise ValueError("transformer: head_vocab needs a task whose answers are tokens (bijection, recall, hop)")
+        if (self.tied or c.head_vocab) and not 0 <= c.answer_offset <= c.vocab_size - c.n_classes:
             raise ValueError(f"transformer: answer tokens {c.answer_offset}..{c.answer_offset + c.n_classes - 1} "
                              f"lie outside the vocabulary of {c.vocab_size}")
         # real-valued inputs enter through a linear read-in instead of a token table
@@ -193,11 +200,13 @@ class Transformer(nn.Module):
         self.wpe = nn.Embedding(c.n_pos or c.block_size, c.d_model) if c.pos.startswith("learned") else None
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])
         self.ln_f = make_norm(c)
-        self.head = None if self.tied else nn.Linear(c.d_model, 2 if c.gaussian else c.n_classes, bias=c.bias)
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+        n_out = 2 if c.gaussian else c.vocab_size if c.head_vocab else c.n_classes
+        self.head = None if self.tied else nn.Linear(c.d_model, n_out, bias=c.bias)
+        if c.init == "gpt2":  # else the layers keep PyTorch's: U(+-1/sqrt(fan_in)) for linear maps, N(0, 1) tables
+            self.apply(self._init_weights)
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -240,6 +249,10 @@ class Transformer(nn.Module):
                 h = block(h, rope, None if head_mask is None else head_mask[i], record, bias)
             layers.append(record)
         h = self.ln_f(h)
-        # (B, T, C) logits (tied: against the C answer tokens' embeddings), or (B, T, 2) = (mean, log-variance)
-        out = h @ self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes].T if self.tied else self.head(h)
+        # (B, T, C) logits (tied: against the C answer tokens' embeddings; head_vocab: (B, T, vocab_size), against
+        # every token's), or (B, T, 2) = (mean, log-variance)
+        if not self.tied:
+            out = self.head(h)
+        else:
+            out = h @ (self.wte.weight if c.head_vocab else self.wte.weight[c.answer_offset:][:c.n_classes]).T
         return (out, dict(layers=layers, final=h)) if return_internals else out

@@ -618,7 +618,7 @@ def test_value_rows_read_the_value_positions_before_and_after_the_final_norm():
 def test_jspace_grams_against_the_full_jacobian():
     m, task = tiny_bijection()
     x = geometry_stats.jlens_tokens(task, 2)
-    grams = geometry_stats.jspace_grams(m, x, task.n_classes, chunk=1)
+    grams = geometry_stats.jspace_grams(m, x, task, chunk=1)
     bias = geometry_attention.attn_bias(m.config, x.shape[1], x.device)
 
     def logits_from(h, first):  # the forward pass from the stream entering block `first`
@@ -641,8 +641,44 @@ def test_a_frame_that_holds_every_jspace_gives_the_inverse_null_overlap():
     m, task = tiny_bijection()
     d = m.config.d_model
     r = geometry_stats.frame_ratio(m, torch.eye(d, dtype=torch.float64), geometry_stats.jlens_tokens(task, 2),
-                                   task.n_classes, rank=4, n_null=50)
+                                   task, rank=4, n_null=50)
     assert r["overlap"] == pytest.approx(1.0) and r["null_overlap"] == pytest.approx(1.0)  # the whole space
     half = torch.eye(d, dtype=torch.float64)[:, : d // 2]
-    r = geometry_stats.frame_ratio(m, half, geometry_stats.jlens_tokens(task, 2), task.n_classes, rank=4, n_null=400)
+    r = geometry_stats.frame_ratio(m, half, geometry_stats.jlens_tokens(task, 2), task, rank=4, n_null=400)
     assert r["null_overlap"] == pytest.approx(0.5, abs=0.03)  # a random 4-dim subspace: half its mass in half
+
+
+def test_the_frame_ratio_of_a_frame_inside_every_jspace_and_of_one_orthogonal_to_them():
+    d, T, rank = 32, 7, 8
+    g = torch.Generator().manual_seed(0)
+    inside, outside = torch.eye(d, dtype=torch.float64)[:, :rank], torch.eye(d, dtype=torch.float64)[:, rank:2 * rank]
+    grams = torch.eye(d, dtype=torch.float64).repeat(2, T, 1, 1)
+    for site in range(2):  # every J-space (the top-8 eigenvectors) is span(e_0 .. e_7), turned within it
+        for i in range(T):
+            R = torch.linalg.qr(torch.randn(rank, rank, generator=g, dtype=torch.float64)).Q
+            grams[site, i, :rank, :rank] += 10 * R @ torch.diag(torch.arange(1.0, rank + 1, dtype=torch.float64)) @ R.T
+    r = geometry_stats.jlens_ratio(grams, inside, rank, n_null=2000)
+    assert r["overlap"] == pytest.approx(1.0) and r["n_jspaces"] == 2 * 3  # key positions 0, 2, 4 (6 has no later)
+    assert r["null_overlap"] == pytest.approx(rank / d, abs=0.01)  # a random 8-dim subspace: 8/32 of its mass
+    assert r["frame_ratio"] == pytest.approx(d / rank, rel=0.05)
+    assert geometry_stats.jlens_ratio(grams, outside, rank)["frame_ratio"] == pytest.approx(0.0, abs=1e-12)
+    mixed = torch.cat([inside[:, :4], outside[:, :4]], 1)  # half inside: each J-space keeps half its mass there
+    assert geometry_stats.jlens_ratio(grams, mixed, rank)["overlap"] == pytest.approx(0.5)
+
+
+def test_trajectory_reads_the_authors_statistic_at_every_snapshot(tmp_path):
+    argv = ["--task", "bijection", "--preset", "authors", "--max_iters", "200", "--n_layer", "1", "--d_model", "16",
+            "--n_head", "2", "--batch_size", "8", "--eval_samples", "20", "--eval_samples_during", "10",
+            "--eval_interval", "100", "--log_interval", "100", "--out_dir", str(tmp_path)]
+    assert exit_code(train.main, argv) == 0
+    assert exit_code(geometry.main, ["trajectory", "--ckpt", str(tmp_path), "--frame_seqs", "1", "--no_plot"]) == 0
+    rows = json.load(open(tmp_path / "geometry_trajectory.json"))["steps"]
+    assert [r["step"] for r in rows] == [100, 200]  # the authors' dense steps
+    assert [r["authors_mae"] for r in rows] == [2.82456, 0.77779] and rows[1]["authors_frame_ratio"] == 1.024
+    m, task, _ = checkpoints.load(str(tmp_path / "ckpt_0000100.pt"))
+    x = geometry_stats.jlens_tokens(task, 256)
+    H = -(torch.softmax(m(x)[:, 0::2, task.V:].double(), -1) * torch.log_softmax(m(x)[:, 0::2, task.V:].double(), -1)
+          ).sum(-1) / math.log(2)  # the value slice of the 40-way head, at the 19 key positions
+    want = (H - torch.log2(20 - torch.arange(19.0, dtype=torch.float64))).abs().mean().item()
+    assert rows[0]["mae"] == pytest.approx(want, rel=1e-9)
+    assert 0 < rows[1]["frame"]["frame_ratio"] and rows[1]["frame"]["n_seq"] == 1

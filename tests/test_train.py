@@ -1,6 +1,7 @@
 """train.py end to end: learning, resume, eval-only, checkpoints, divergence and bad input."""
 from functools import partial
 import json
+import math
 import os
 import re
 import subprocess
@@ -8,7 +9,9 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import runtime
 import tasks
 import presets
 import train
@@ -327,7 +330,7 @@ def test_every_flag_shows_the_value_the_run_takes(monkeypatch, preset):
     shown = lambda v: "none" if v in ("", []) else str(v)
     for name, (Config, _) in presets.MODELS.items():
         monkeypatch.setitem(presets.MODELS, name, (Config, NoModel))
-    for task in presets.TASKS:
+    for task in presets.PRESETS[preset]:  # the authors': bijection only
         for model in presets.MODELS:
             _, _, parser = presets.parse_args(["--task", task, "--model", model, "--preset", preset])
             helps = {a.dest: re.search(r"\(default (.*)\)$", a.help).group(1) for a in parser._actions
@@ -340,6 +343,8 @@ def test_every_flag_shows_the_value_the_run_takes(monkeypatch, preset):
                 assert took["curriculum_iters"] == took["max_iters"] // 2
                 took["curriculum_iters"] = 0
             assert helps == {k: shown(took[k]) for k in helps}, (task, model)
+    if "recall" not in presets.PRESETS[preset]:
+        return
     _, _, parser = presets.parse_args(["--preset", preset])  # recall: quick's transformer runs 300 steps, not 2,000
     steps = next(a.help for a in parser._actions if a.dest == "max_iters")
     took = presets.build_config("recall", "transformer", preset, {})["train"]["max_iters"]
@@ -542,3 +547,42 @@ def close(x, y):
     return x == pytest.approx(y, rel=1e-9, abs=1e-12) if isinstance(x, float) else x == y
 
 
+
+
+def test_the_authors_preset_builds_their_recipe_and_model():
+    """--preset authors: every setting of jlens train_dense_checkpoints.py and its SepVocabTinyGPT."""
+    cfg = presets.build_config("bijection", "transformer", "authors", {})
+    t = cfg["train"]
+    assert (t["optimizer"], t["lr"], t["beta1"], t["beta2"], t["weight_decay"], t["weight_decay_on"]) == \
+        ("adamw", 3e-4, 0.9, 0.999, 0.1, "all")
+    assert (t["warmup_iters"], t["max_iters"], t["lr_decay_iters"], t["min_lr_ratio"], t["lr_schedule"]) == \
+        (2000, 50_000, 50_000, 0.0, "authors")
+    assert (t["batch_size"], t["seed"], t["grad_clip"], t["dtype"], t["ckpt_schedule"]) == (256, 42, 1.0, "float32", "dense")
+    torch.manual_seed(t["seed"])
+    task, _, model, opt, _ = train.build(cfg, torch.device("cpu"))
+    assert (task.V, task.L, task.vocab_size, task.seq_len) == (20, 19, 40, 37)
+    assert model.num_params() == 2_677_440  # theirs, with a position table of 2L = 38 rows
+    assert model.wpe.num_embeddings == 38 and isinstance(model.ln_f, torch.nn.RMSNorm)
+    names = {n for n, _ in model.named_parameters()}
+    assert {"blocks.0.mlp.c_fc.bias", "blocks.0.mlp.c_proj.bias"} <= names  # the MLP's biases, none in attention
+    assert not any(n.startswith("blocks.0.attn") and n.endswith("bias") for n in names) and model.head is None
+    assert 0.95 < model.wte.weight.std().item() < 1.05  # PyTorch's own init: N(0, 1) tables, U(+-1/sqrt(fan_in))
+    assert model.blocks[0].mlp.c_fc.weight.abs().max().item() <= 192 ** -0.5
+    # every parameter decayed by AdamW with their betas; the tied head is the embedding, over all 40 tokens
+    groups = [g for g in opt.param_groups if g["params"]]
+    assert sum(p.numel() for g in groups for p in g["params"]) == model.num_params()
+    assert all(g["weight_decay"] == 0.1 and g["betas"] == (0.9, 0.999) for g in groups)
+    batch = task.sample(4, torch.Generator().manual_seed(0))
+    out = model(batch.x)
+    assert out.shape == (4, 37, 40)
+    assert torch.allclose(out, model(batch.x, return_internals=True)[1]["final"] @ model.wte.weight.T, atol=1e-3)
+    m = batch.mask
+    want = F.cross_entropy(out[m], batch.y[m] + 20)  # the 40-way cross-entropy, at the key positions
+    assert torch.allclose(task.loss(out, batch), want)
+    # their rate at every step: step s = it + 1, lr s / 2000 in the warm-up, then the cosine to 0 at 50,000
+    lr_at = lambda s: 3e-4 * s / 2000 if s < 2000 else 3e-4 * 0.5 * (1 + math.cos(math.pi * (s - 2000) / 48_000))
+    for it in (0, 1, 1998, 1999, 2000, 2500, 25_000, 49_999):
+        assert train.get_lr(it, t) == pytest.approx(lr_at(it + 1), rel=1e-12, abs=1e-15)
+    snapshots = runtime.Proc(torch.device("cpu"), 0, 1, t).snapshots
+    assert sorted(snapshots)[:12] == [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1500, 2000]
+    assert {5000, 6000, 10_000, 15_000, 50_000} <= snapshots and len(snapshots) == 31
