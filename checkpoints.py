@@ -19,6 +19,7 @@ from dataclasses import MISSING, fields
 import glob
 import io
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -34,6 +35,16 @@ from tasks import make_task
 RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
 UMASK = os.umask(0o022)  # read by setting it: put back at once
 os.umask(UMASK)
+
+
+def snapshot_steps(schedule, n):
+    """The steps up to n whose checkpoint --ckpt_schedule copies to ckpt_<step>.pt: `log`, four a decade (1, 2, 3, 6,
+    10, 18, 32, 56, 100, ..); `dense`, the authors' (jlens train_dense_checkpoints.py): every 100 steps to 1,000,
+    every 500 to 5,000, every 1,000 to 10,000, then every 5,000; none for `last` and `eval`."""
+    if schedule == "log":
+        return {round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)}
+    dense = [*range(100, 1000, 100), *range(1000, 5000, 500), *range(5000, 10000, 1000), *range(10000, n + 1, 5000)]
+    return {s for s in dense if s <= n} if schedule == "dense" else set()
 
 
 def print0(*args, **kwargs):

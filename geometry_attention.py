@@ -18,7 +18,9 @@ command line are geometry.py's.
 """
 from functools import partial
 import glob
+import inspect
 import os
+import re
 
 import torch
 import torch.nn.functional as F
@@ -292,15 +294,19 @@ def concentration(delta):
 
 
 def ablate(model, task, batch, state, args):
-    """Entropy MAE (both conventions, oracles.Metrics) with each layer skipped (output = input), each head
-    masked (head_mask 0: the head's attention weights times 0) and every head of a layer masked (the attention
-    then adds only its output projection's bias; with bias=False that is skipping the attention). `frame`
+    """Entropy MAE (both conventions, oracles.Metrics) with each layer skipped (output = input), each layer's MLP
+    skipped (models whose forward takes skip_mlps), each head masked (head_mask 0: the head's attention weights
+    times 0) and every head of a layer masked (the attention then adds only its output projection's bias; with
+    bias=False that is skipping the attention): which of the two sublayers does a layer's work. `frame`
     (models with heads): the per-token MAE's increase per masked head and its concentration, on the bijection's
     query layout also at its key positions alone (key_positions_mae, as the authors score it); with hypothesis
     keys also layer 0's most orthogonal head (jlens identify_frame_head: normed, mean |cos|)."""
     c = model.config
     base = entropy_mae(model, task, batch)
     rows = [dict(ablation=f"skip L{l}", **entropy_mae(model, task, batch, skip_layers={l})) for l in range(c.n_layer)]
+    if "skip_mlps" in inspect.signature(model.forward).parameters:  # the MLP alone, apart from the heads
+        rows += [dict(ablation=f"skip L{l} MLP", **entropy_mae(model, task, batch, skip_mlps={l}))
+                 for l in range(c.n_layer)]
     delta = {}
     if hasattr(c, "n_head"):  # models with a head_mask (transformer, linear_attn)
         for l, h in [(l, h) for l in range(c.n_layer) for h in [*range(c.n_head), None]]:
@@ -350,7 +356,11 @@ def ablate_figures(r):
         "frame: damage of the top head / the second": None if frame is None else frame["top_over_second"],
         "frame: the same within layer 0": None if frame is None else frame["l0_top_over_second"],
         "error x with layer l skipped (per token)":
-            [a["ratio_token"] for a in r["ablations"] if a["ablation"].startswith("skip")],
+            [a["ratio_token"] for a in r["ablations"] if re.fullmatch(r"skip L\d+", a["ablation"])],
+        "error x with layer l's MLP skipped (per token)":
+            [a["ratio_token"] for a in r["ablations"] if a["ablation"].endswith("MLP")] or None,
+        "error x with layer l's heads masked (per token)":
+            [a["ratio_token"] for a in r["ablations"] if a["ablation"].endswith("all heads")] or None,
     }
 
 

@@ -2,8 +2,9 @@
 Settings: the training defaults (TRAIN), the presets per task and model, and the command line that layers them
 (defaults < preset < flags; --model: a name in MODELS or a class from any file, resolve_model), for every script.
 
-Presets: `quick` (the default, sized for a 2-core CPU), `paper` (the paper's sizes and schedules, for a GPU) and
-`cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum). Each entry holds `train`
+Presets: `quick` (the default, sized for a 2-core CPU), `paper` (the paper's sizes and schedules, for a GPU),
+`cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum) and `authors` (the bijection
+under the recipe and model of the authors' released dense run). Each entry holds `train`
 (training-loop settings), `task` (task options) and one dict per model (its options, and under `train` its own
 training settings, e.g. its optimizer). The paper sizes follow the paper (arXiv 2512.22471) and the authors'
 released code; the quick sizes were chosen by measurement on a 2-core CPU (results/table.md: what they reach, how
@@ -338,7 +339,7 @@ def parse_args(argv, doc=""):
     known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
     for k, v in dict(task="recall", model="transformer", preset="quick").items():
         setattr(known, k, getattr(known, k) or v)
-    if known.task not in PRESETS[known.preset]:
+    if known.task not in PRESETS[known.preset] and any(known.task in p for p in PRESETS.values()):  # authors: bijection
         pre.error(f"--preset {known.preset} has no --task {known.task}; it has {', '.join(PRESETS[known.preset])}")
     p = Parser(prog="train.py", description=doc.strip().split("\n\n")[0], parents=[pre], allow_abbrev=False,
                epilog="Task and model flags depend on --task and --model: see `--task hmm --help`.")

@@ -17,7 +17,6 @@ from contextlib import contextmanager, nullcontext
 import argparse
 from datetime import timedelta
 import inspect
-import math
 import os
 import re
 import signal
@@ -31,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoints import (check_out_dir, lock_out_dir, print0, run_files, run_tmp_files, save_checkpoint, set_aside,
-                         settle_aside, unlock_out_dir)
+                         settle_aside, snapshot_steps, unlock_out_dir)
 
 VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_at reached, not finite, it failed
 RENDEZVOUS_S = 300  # how long the processes of a torchrun run wait for each other to start
@@ -280,18 +279,6 @@ def pyplot():
 # one run's process, its folder, and what a fault leaves behind
 
 
-def log_spaced(n):
-    """Steps 1, 2, 3, 6, 10, 18, 32, 56, 100, ... (four per decade) up to n."""
-    return sorted({round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)})
-
-
-def dense_steps(n):
-    """The authors' dense checkpoints (jlens train_dense_checkpoints.py) up to n: every 100 steps to 1,000, every
-    500 to 5,000, every 1,000 to 10,000, then every 5,000."""
-    steps = [*range(100, 1000, 100), *range(1000, 5000, 500), *range(5000, 10000, 1000), *range(10000, n + 1, 5000)]
-    return [s for s in steps if s <= n]
-
-
 class Proc:
     """One process's share of a run: its device, rank (rank 0 logs, evaluates and writes) and the number of
     processes; the step it reached and the checkpoints it wrote: ckpt.pt at every evaluation (`kept`, the last
@@ -301,8 +288,7 @@ class Proc:
     def __init__(self, device, rank, world, train, resumed_at=None):
         self.device, self.rank, self.world, self.master = device, rank, world, rank == 0
         self.out_dir, self.every_eval = train["out_dir"], train["ckpt_schedule"] == "eval"
-        schedule = dict(log=log_spaced, dense=dense_steps).get(train["ckpt_schedule"], lambda n: [])
-        self.snapshots = set(schedule(train["max_iters"]))
+        self.snapshots = snapshot_steps(train["ckpt_schedule"], train["max_iters"])
         self.ckpt, self.step = os.path.join(self.out_dir, "ckpt.pt"), resumed_at or 0
         self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
         self.lock, self.aside = None, False  # rank 0's lock on out_dir; an old run set aside by --overwrite

@@ -3,7 +3,8 @@ GPT-style causal transformer for the wind tunnels (nanoGPT shape).
 
 Design decisions:
 - pre-norm residual blocks, GELU MLP, no dropout by default, N(0, 0.02) init with the
-  residual projections scaled by 1/sqrt(2 n_layer) (GPT-2);
+  residual projections scaled by 1/sqrt(2 n_layer) (GPT-2); `init torch` keeps PyTorch's own (the authors'
+  production model, with `mlp_bias`: biases in the MLP alone);
 - positions: learned absolute embeddings by default (the paper's models); `rotary`, `alibi`,
   `learned_alibi` (both) or `none` as options, since the HMM length-generalisation result
   (K = 30, 50 beyond the trained 20) depends on them, as do three options for longer sequences:
@@ -11,7 +12,8 @@ Design decisions:
   CausalSelfAttention) and `window` (a Λ-shaped mask that keeps the header in view: attn_bias);
 - inputs: token embeddings, or a linear read-in for real-valued features (regression);
 - outputs: C answer logits. Where the answers are tokens (bijection values, recall values),
-  `tie_head` reads them off the embedding rows of those tokens (the paper's tied head);
+  `tie_head` reads them off the embedding rows of those tokens (the paper's tied head), `head_vocab` off every
+  token's (the authors' 40-way head: the loss spans the vocabulary, the metrics read the answers' slice);
   otherwise a separate linear head (HMM states); a Gaussian head gives (mean, log-variance);
 - the fast path is `scaled_dot_product_attention`; when internals are requested or a head mask
   is given, attention is computed explicitly so its weights can be returned and masked.
@@ -159,9 +161,9 @@ class Block(nn.Module):
         self.ln_1, self.attn = make_norm(config), CausalSelfAttention(config)
         self.ln_2, self.mlp = make_norm(config), MLP(config)
 
-    def forward(self, x, rope=None, head_mask=None, record=None, bias=None):
+    def forward(self, x, rope=None, head_mask=None, record=None, bias=None, skip_mlp=False):
         x = x + self.attn(self.ln_1(x), rope, head_mask, record, bias)
-        return x + self.mlp(self.ln_2(x))
+        return x if skip_mlp else x + self.mlp(self.ln_2(x))
 
 
 class Transformer(nn.Module):
@@ -223,10 +225,11 @@ class Transformer(nn.Module):
         angles = torch.outer(torch.arange(T, device=device).float(), inv_freq)  # (T, d/2)
         return angles.cos(), angles.sin()
 
-    def forward(self, x, head_mask=None, skip_layers=(), return_internals=False):
+    def forward(self, x, head_mask=None, skip_layers=(), return_internals=False, skip_mlps=()):
         """x (B, T) tokens or (B, T, n_features) -> (B, T, C) logits, or (B, T, 2) = (mean, log-variance).
         Diagnostics: `head_mask` (n_layer, n_head) multiplies each head's attention weights (0 silences a head);
-        `skip_layers` bypasses whole blocks (output = input); with return_internals, also a dict whose `layers`
+        `skip_layers` bypasses whole blocks (output = input), `skip_mlps` their MLPs alone (the attention kept);
+        with return_internals, also a dict whose `layers`
         hold, per layer, the block's input residual `x`, and `q, k, v` (B, H, T, d_head; q as it enters the
         logits, after rotary and log_scale) and `att` (B, H, T, T), and whose `final` is the normed output."""
         c = self.config
@@ -246,7 +249,7 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             record = {"x": h} if return_internals else None
             if i not in skip_layers:
-                h = block(h, rope, None if head_mask is None else head_mask[i], record, bias)
+                h = block(h, rope, None if head_mask is None else head_mask[i], record, bias, i in skip_mlps)
             layers.append(record)
         h = self.ln_f(h)
         # (B, T, C) logits (tied: against the C answer tokens' embeddings; head_vocab: (B, T, vocab_size), against

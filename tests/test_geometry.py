@@ -360,8 +360,10 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
                    for k in ("pc1_share", "corr_pc1", "corr_pc1_position"))
     assert v["final_layer"]["key"]["after_norm"]["pc1_share"] == v["layers"]["final"]["pc1_share"]
     a = read(runs["bij"], "ablate")
-    assert [r["ablation"] for r in a["ablations"]][:3] == ["skip L0", "skip L1", "mask L0H0"]
-    assert len(a["ablations"]) == 2 + 2 * 3
+    assert [r["ablation"] for r in a["ablations"]][:5] == ["skip L0", "skip L1", "skip L0 MLP", "skip L1 MLP", "mask L0H0"]
+    assert len(a["ablations"]) == 2 + 2 + 2 * 3
+    ratios = a["figures"]["error x with layer l's MLP skipped (per token)"]
+    assert ratios == [r["ratio_token"] for r in a["ablations"] if r["ablation"].endswith("MLP")] and len(ratios) == 2
     f, rows = a["frame"], {r["ablation"]: r["mae_token"] for r in a["ablations"]}
     assert f["delta_mae"] == {f"L{l}H{h}": rows[f"mask L{l}H{h}"] - a["baseline"]["mae_token"]
                               for l in range(2) for h in range(2)}
@@ -370,7 +372,7 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
     assert f["frame_head_by_orthogonality"] == f"L0H{scores.index(min(scores))}"
     assert min(scores) == pytest.approx(k["named"]["identify_frame_head"]["trained"], abs=1e-12)
     dyn = read(runs["bij"], "dynamics")
-    assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # runtime.log_spaced(6), the last is ckpt.pt
+    assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # checkpoints.snapshot_steps("log", 6), the last is ckpt.pt
     assert dyn["steps"][-1]["att_similarity"] == [1.0, 1.0] and len(dyn["summary"]["attention_settled_step"]) == 2
     last = dyn["steps"][-1]  # the claims table's figures at every checkpoint
     assert len(last["keys_jlens"]) == 2 and len(last["att_entropy_bits"]) == 2 and len(last["skip_ratio"]) == 2

@@ -113,7 +113,7 @@ def test_parallel_cells_get_one_gpu_each(monkeypatch, tmp_path):
 @pytest.mark.parametrize("argv, expect", [
     (["--models", "rnn"], "unknown model 'rnn'; valid models: transformer, mamba, lstm, mlp"),
     (["--tasks", "bijection,nope"], "unknown task 'nope'; valid tasks: bijection, hmm, regression, recall"),
-    (["--preset", "huge"], "unknown preset 'huge'; valid presets: quick, paper, cpu_paper_task, tiny"),
+    (["--preset", "huge"], "unknown preset 'huge'; valid presets: quick, paper, cpu_paper_task, authors, tiny"),
     (["--jobs", "-1"], "--jobs must be >= 0"),
     (["--taks", "hmm"], "did you mean --tasks"),
     (["--", "--lrr", "1"], "did you mean --lr"),

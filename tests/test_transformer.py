@@ -174,3 +174,17 @@ def test_window_makes_a_long_sequence_read_like_a_short_one():
     assert torch.allclose(model(x2)[:, -1], model(x)[:, -1], atol=1e-12)
     x2[:, -reach - 1] = (x[:, -reach - 1] + 1) % 12  # the farthest position inside it
     assert not torch.allclose(model(x2)[:, -1], model(x)[:, -1])
+
+
+def test_a_layer_is_its_heads_and_its_mlp():
+    """Without biases, masking every head of a layer and skipping its MLP is skipping the layer; each alone is not."""
+    model = tiny(bias=False)
+    x = torch.randint(0, 12, (3, 10))
+    mask = torch.ones(2, 2, dtype=torch.float64)
+    mask[1] = 0
+    skipped = model(x, skip_layers={1})
+    assert torch.allclose(model(x, head_mask=mask, skip_mlps={1}), skipped, atol=1e-12)
+    assert not torch.allclose(model(x, skip_mlps={1}), skipped) and not torch.allclose(model(x, head_mask=mask), skipped)
+    h = model(x, return_internals=True)[1]["layers"][1]["x"]  # the stream into block 1: its MLP skipped, by hand
+    h = h + model.blocks[1].attn(model.blocks[1].ln_1(h))
+    assert torch.allclose(model(x, skip_mlps={1}), model.ln_f(h) @ model.wte.weight[7:12].T, atol=1e-12)
