@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from presets import fill_io, resolve_model
-from tasks import make_task
+from tasks import IO_FIELDS, make_task
 
 RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
 UMASK = os.umask(0o022)  # read by setting it: put back at once
@@ -100,7 +100,8 @@ def load_checkpoint(path):
 def fits(state, Config):
     """{part of a checkpoint: whether it is of the kind train.py writes} for the parts that a run resumes from
     (those absent pass: geometry.py reads checkpoints without them) and the model's settings, each of its
-    config's type (an int where the default is an int, a float or an int where it is a float)."""
+    config's type (an int where the default is an int, a float or an int where it is a float), but its I/O fields:
+    the task fills them in, and may leave one None (hmm's answer_offset), so load_checkpoint compares them with it."""
     rng = lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8
     kind = lambda d: (int, float) if isinstance(d, float) else type(d)
     mc = state["model_config"]
@@ -110,7 +111,7 @@ def fits(state, Config):
                 history=isinstance(state.get("history", []), list),
                 **{k: rng(state[k]) for k in ("torch_rng", "cuda_rng", "gen_state") if k in state},
                 **{f"model's {f.name}": isinstance(mc[f.name], kind(f.default)) for f in fields(Config)
-                   if f.name in mc and f.default not in (None, MISSING)})
+                   if f.name in mc and f.default not in (None, MISSING) and f.name not in IO_FIELDS})
 
 
 def run_record(run):

@@ -246,3 +246,22 @@ def test_reproduce_writes_n_a_where_a_model_cannot_take_the_task(tmp_path, capsy
     assert exit_code(reproduce.main, argv[:5] + [f"transformer,{tmp_path / 'gone.py'}:Conv"] + argv[6:]) == 2
     assert capsys.readouterr().err.strip().endswith(f"--models {tmp_path / 'gone.py'}:Conv: no file "
                                                     f"{tmp_path / 'gone.py'}")
+
+
+# every I/O field declared with a default of another kind than some task fills in (answer_offset: int = 0 where
+# hmm and regression have none, n_features None where recall has 0): train.py's checkpoint reopens all the same
+IO_DECLARED = GRU_PY.replace("answer_offset: int = None", "answer_offset: int = 0").replace(
+    "n_features: int = 0", "n_features: int = None").replace("vocab_size: int = 0", "vocab_size: int = None")
+
+
+@pytest.mark.parametrize("task", ["hmm", "regression", "recall"])
+def test_a_checkpoint_reopens_for_every_io_field_a_config_declares(tmp_path, task):
+    spec, out = f"{model_file(tmp_path, 'gru', IO_DECLARED)}:GRU", tmp_path / "run"
+    argv = ["--task", task, "--model", spec, "--out_dir", str(out)]
+    tiny = ["--d_model", "8", "--n_layer", "1", "--batch_size", "4", "--log_interval", "1", "--eval_interval", "2",
+            "--eval_samples", "8", "--eval_samples_during", "8", "--stop_at", "", "--curriculum", ""]
+    assert exit_code(train.main, argv + tiny + ["--max_iters", "2"]) == 0
+    assert exit_code(train.main, argv + ["--resume", "--max_iters", "3"]) == 0
+    assert exit_code(train.main, argv + ["--eval_only"]) == 0
+    model, t, state = checkpoints.load(str(out))  # geometry.py's loader
+    assert state["iter"] == 3 and model.config.answer_offset == t.answer_offset  # None on hmm and regression
