@@ -236,6 +236,23 @@ def write_text(path, text):
 def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=1))
 
+
+def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
+    if isinstance(x, dict):
+        return {k: to_json(v) for k, v in x.items()}
+    return [to_json(v) for v in x] if isinstance(x, list) else None if x != x else x
+
+
+def read_json(path):  # a JSON object: a corrupt file, or other JSON, is a ValueError naming it
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        if not isinstance(d, dict):
+            raise ValueError(f"a {type(d).__name__}, not an object")
+    except ValueError as e:  # UnicodeDecodeError too
+        raise ValueError(f"{path} is not the JSON these scripts write ({e})") from None
+    return d
+
 # -----------------------------------------------------------------------------
 # a run's folder: whether it may be written, the run it holds, and the lock of the run writing it
 
