@@ -138,7 +138,8 @@ def test_a_model_that_cannot_take_the_task_is_one_line_before_training(tmp_path)
     ("{tmp}/conv.py:ConvConfig", "ConvConfig is not an nn.Module"),
     ("{tmp}/bare.py:Net", "no config: add a @dataclass named NetConfig to {tmp}/bare.py"),
     ("{tmp}/bare.py:Counted", "Counted has no num_params() method"),
-    ("no_such_module:Conv", "--model no_such_module:Conv: no module named no_such_module"),
+    ("no_such_module:Conv", "--model no_such_module:Conv: no module named no_such_module (put its folder on "
+                            "PYTHONPATH, or give its file: no_such_module.py:Conv)"),
     ("conv.py", "--model conv.py: not a model; give one of transformer, mamba"),
 ])
 def test_a_spec_that_names_no_model_is_one_line(tmp_path, capsys, spec, expect):
