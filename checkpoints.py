@@ -228,7 +228,7 @@ def write_file(path, write):
 
 def write_text(path, text):
     def write(tmp):
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:  # whatever the locale: the tables' "−" and "—"
             f.write(text)
     write_file(path, write)
 
@@ -245,7 +245,7 @@ def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
 
 def read_json(path):  # a JSON object: a corrupt file, or other JSON, is a ValueError naming it
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             d = json.load(f)
         if not isinstance(d, dict):
             raise ValueError(f"a {type(d).__name__}, not an object")
