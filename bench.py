@@ -271,7 +271,8 @@ def bench_train(argv):
     print(f"training step on task {args.task}, device {args.device}{' (compiled)' if args.compile else ''}, "
           f"best of {args.reps} after {args.warmup} warm-up; shares of a step: data, oracle (amortised)")
     n = len(models) * len(sizes)
-    print(f"to run: {n} row{'s' * (n > 1)}, {', '.join(models)} at the {' and '.join(sizes)} size{'s' * (len(sizes) > 1)}, "
+    print(f"to run: {n} row{'s' * (n > 1)}, {', '.join(models)} at the {' and '.join(sizes)} "
+          f"size{'s' * (len(sizes) > 1)}, "
           f"{args.warmup + args.reps} steps each in a process of its own", flush=True)
     cpu = machine(args.threads)
     print(f"CPU: {describe(cpu)}", flush=True)

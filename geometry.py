@@ -30,8 +30,8 @@ ablate forward(x, skip_layers=...) and n_layer. One that does not apply, or a mi
 (the files written before kept whole): one line, exit 1.
 
 Where they are: keys, qk, ablate and dynamics (the attention side) in geometry_attention.py; values, clusters
-and belief here, with the command line and `seeds`; their float64 statistics and figures in geometry_stats.py; a checkpoint
-as a float64 model in checkpoints.py. A diagnostic returns (numbers for the JSON, a function drawing the figure);
+and belief here, with the command line and `seeds`; their float64 statistics and figures in geometry_stats.py; a
+checkpoint as a float64 model in checkpoints.py. A diagnostic returns (numbers for the JSON, a function drawing the figure);
 its FIGURES function picks the claims table's figures, which main writes into the JSON and seeds reads.
 """
 from functools import partial
@@ -49,8 +49,8 @@ if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and 
 import torch
 from einops import rearrange
 
-from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, read_json, run_record,
-                         setting_differs, to_json, write_file, write_json)
+from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, read_json,
+                         run_record, setting_differs, to_json, write_file, write_json)
 from geometry_attention import (KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
                                 keys_figures, qk, qk_figures, trajectory)
 from geometry_stats import (BELIEF_EPS, abs_corr, belief_figures, belief_kl, claims, clusters_figures, final_streams,
