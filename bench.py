@@ -2,7 +2,7 @@
 Speed and memory, one subcommand each (`python bench.py SUBCOMMAND --help`: its flags).
 
     python bench.py matmul                  # this CPU (ISA, bf16) and its fp32 matmul rate: what scales a wall time
-    python bench.py train                   # training throughput of every model, quick and paper sizes, task hmm
+    python bench.py train                   # training throughput of every model at the quick size, task hmm
     python bench.py train --task bijection --models transformer --sizes paper --json out/bench.json
     python bench.py train --device cuda --compile     # on a GPU, with torch.compile
     python bench.py scan                    # mamba.py's selective scan modes: time, peak memory, kernels
@@ -208,7 +208,8 @@ def train_args(argv):
                    help="the task whose sizes and batches to use (default hmm)")
     p.add_argument("--models", default=",".join(presets.MODELS),
                    help=f"comma-separated (default {','.join(presets.MODELS)})")
-    p.add_argument("--sizes", default="quick,paper", help="comma-separated presets (default quick,paper)")
+    p.add_argument("--sizes", default="quick", help="comma-separated presets (default quick; quick,paper adds the "
+                   "paper's sizes: seconds a step on a CPU)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps (default auto)")
     p.add_argument("--dtype", default="auto", choices=list(presets.CHOICES["dtype"]),
                    help="as train.py: auto (bf16 autocast on CUDA, else float32) | float32 | bfloat16")
@@ -241,8 +242,8 @@ def train_args(argv):
 
 
 def bench_train(argv):
-    """Training throughput of every model at its quick and paper sizes: what one step costs and where
-    its time goes, on this device.
+    """Training throughput of every model at its quick size (--sizes quick,paper: the paper's too): what one step
+    costs and where its time goes, on this device.
 
     Columns:
     - step: forward + backward + gradient clipping + AdamW on one batch already on the device, the
@@ -269,6 +270,10 @@ def bench_train(argv):
         return 0
     print(f"training step on task {args.task}, device {args.device}{' (compiled)' if args.compile else ''}, "
           f"best of {args.reps} after {args.warmup} warm-up; shares of a step: data, oracle (amortised)")
+    n = len(models) * len(sizes)
+    print(f"to run: {n} row{'s' * (n > 1)}, {', '.join(models)} at the {' and '.join(sizes)} "
+          f"size{'s' * (len(sizes) > 1)}, "
+          f"{args.warmup + args.reps} steps each in a process of its own", flush=True)
     cpu = machine(args.threads)
     print(f"CPU: {describe(cpu)}", flush=True)
     print(HEADER)

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from presets import fill_io, resolve_model
-from tasks import make_task
+from tasks import IO_FIELDS, make_task
 
 RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
 UMASK = os.umask(0o022)  # read by setting it: put back at once
@@ -111,7 +111,8 @@ def load_checkpoint(path):
 def fits(state, Config):
     """{part of a checkpoint: whether it is of the kind train.py writes} for the parts that a run resumes from
     (those absent pass: geometry.py reads checkpoints without them) and the model's settings, each of its
-    config's type (an int where the default is an int, a float or an int where it is a float)."""
+    config's type (an int where the default is an int, a float or an int where it is a float), but its I/O fields:
+    the task fills them in, and may leave one None (hmm's answer_offset), so load_checkpoint compares them with it."""
     rng = lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8
     kind = lambda d: (int, float) if isinstance(d, float) else type(d)
     mc = state["model_config"]
@@ -121,7 +122,7 @@ def fits(state, Config):
                 history=isinstance(state.get("history", []), list),
                 **{k: rng(state[k]) for k in ("torch_rng", "cuda_rng", "gen_state") if k in state},
                 **{f"model's {f.name}": isinstance(mc[f.name], kind(f.default)) for f in fields(Config)
-                   if f.name in mc and f.default not in (None, MISSING)})
+                   if f.name in mc and f.default not in (None, MISSING) and f.name not in IO_FIELDS})
 
 
 def run_record(run):
@@ -238,13 +239,30 @@ def write_file(path, write):
 
 def write_text(path, text):
     def write(tmp):
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:  # whatever the locale: the tables' "−" and "—"
             f.write(text)
     write_file(path, write)
 
 
 def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=1))
+
+
+def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
+    if isinstance(x, dict):
+        return {k: to_json(v) for k, v in x.items()}
+    return [to_json(v) for v in x] if isinstance(x, list) else None if x != x else x
+
+
+def read_json(path):  # a JSON object: a corrupt file, or other JSON, is a ValueError naming it
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+        if not isinstance(d, dict):
+            raise ValueError(f"a {type(d).__name__}, not an object")
+    except ValueError as e:  # UnicodeDecodeError too
+        raise ValueError(f"{path} is not the JSON these scripts write ({e})") from None
+    return d
 
 # -----------------------------------------------------------------------------
 # a run's folder: whether it may be written, the run it holds, and the lock of the run writing it

@@ -92,7 +92,7 @@ def depth_width(args):
                                          f"(log {log})")
                     acc = n_params = None  # a diverged run writes no results.json
                     if code == 0:
-                        with open(os.path.join(out_dir, "results.json")) as f:
+                        with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as f:
                             res = json.load(f)
                         acc, n_params = res["metrics"]["default"]["accuracy"], res["n_params"]
                     rows.append(dict(N=N, arch=arch, model=kind, L=L, H=H, d_model=d, seed=seed, n_params=n_params,
@@ -298,7 +298,7 @@ def load_result(name, path):
     """An experiment's json, checked by reading it into its summary: a corrupt or foreign one -> ValueError
     naming the file."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             result = json.load(f)
         summary({name: result})
     except json.JSONDecodeError as e:

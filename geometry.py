@@ -23,18 +23,20 @@ Each diagnostic's function defines what it measures:
 Scored positions: the task's `mask` (bijection: every key; hmm: every observation). Hypothesis tokens:
 the answer tokens where answers are tokens (bijection: the V value tokens, the hypotheses pi(k), as in
 the authors' jlens code; with --layout query the keys share them); hmm has no state tokens: its O observation symbols.
-keys, qk, dynamics need softmax attention (transformer); values bijection or hmm; clusters hmm; belief a
-task with a posterior vector (bijection, hmm, regression); ablate runs on every model. A diagnostic that
-does not apply, or a missing checkpoint: a one-line error (exit 2); weights that are not finite, or a full disk
+What each needs (why_not, lacks): keys, qk, dynamics softmax attention (transformer.Transformer); values, clusters,
+belief per-layer hidden states (forward(x, return_internals=True)) and bijection or hmm, hmm, a posterior vector;
+ablate forward(x, skip_layers=...) and n_layer. One that does not apply, or a missing checkpoint: a one-line error
+(exit 2; `all` says what it skips and why); weights that are not finite, or a full disk
 (the files written before kept whole): one line, exit 1.
 
 Where they are: keys, qk, ablate and dynamics (the attention side) in geometry_attention.py; values, clusters
-and belief here, with the command line and `seeds`; their float64 statistics in geometry_stats.py; a checkpoint
-as a float64 model in checkpoints.py. A diagnostic returns (numbers for the JSON, a function drawing the figure);
+and belief here, with the command line and `seeds`; their float64 statistics and figures in geometry_stats.py; a
+checkpoint as a float64 model in checkpoints.py. A diagnostic returns (numbers for the JSON, a function drawing the figure);
 its FIGURES function picks the claims table's figures, which main writes into the JSON and seeds reads.
 """
 from functools import partial
 import glob
+import inspect
 import json
 import os
 import signal
@@ -47,20 +49,23 @@ if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and 
 import torch
 from einops import rearrange
 
-from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, run_record,
-                         setting_differs, write_file, write_json)
-from geometry_attention import (ATTENTION, KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
+from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, read_json,
+                         run_record, setting_differs, to_json, write_file, write_json)
+from geometry_attention import (KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
                                 keys_figures, qk, qk_figures, trajectory)
-from geometry_stats import (BELIEF_EPS, abs_corr, belief_kl, final_streams, manifold_stats, probe, r2,
-                            state_clusters, subsample)
+from geometry_stats import (BELIEF_EPS, abs_corr, belief_figures, belief_kl, claims, clusters_figures, final_streams,
+                            manifold_stats, probe, r2, state_clusters, subsample, values_figures)
 from oracles import entropy_bits, oracle
 from presets import Parser
 from runtime import cli, fault, pyplot, seed_arg
 from tasks import held_out, make_task
+from transformer import Transformer
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "trajectory", "ablate", "clusters", "belief")  # `all`'s order
 ENTROPY_TASKS = ("bijection", "hmm")  # posterior entropy varies across scored positions
 BELIEF_TASKS = ("bijection", "hmm", "regression")  # a posterior vector; recall's and hop's are point masses
+STREAMS = ("values", "clusters", "belief")  # read every layer's hidden states: forward(x, return_internals=True)
+STREAM_LAYOUT = "layers=[{'x': (B, T, d) input of each layer}, ...], final=(B, T, d) what the head reads"
 
 # -----------------------------------------------------------------------------
 # values and clusters: the representations against the exact posterior (Figs. 16-17, v3's five clusters)
@@ -70,7 +75,7 @@ def representations(model, batch):
     """[(name, (N, d) representation at the scored positions)]: `emb` (the embedding), `L1`.. (the residual
     after l blocks), `final` (after the final norm: what the head reads), and with attention `attn0`..
     (block l's att @ v, heads concatenated)."""
-    _, inside = model(batch.x, return_internals=True)
+    inside = internals(model, batch.x)
     reps = [l["x"] for l in inside["layers"]] + [inside["final"]]
     names = ["emb"] + [f"L{i}" for i in range(1, len(reps) - 1)] + ["final"]
     for i, l in enumerate(inside["layers"]):
@@ -78,6 +83,17 @@ def representations(model, batch):
             reps.append(rearrange(l["att"] @ l["v"], "b h t d -> b t (h d)"))
             names.append(f"attn{i}")
     return [(n, h[batch.mask]) for n, h in zip(names, reps)]
+
+
+def internals(model, x):
+    """model(x, return_internals=True)'s dict, checked against the layout the stream diagnostics read."""
+    got = model(x, return_internals=True)
+    inside = got[1] if isinstance(got, tuple) and len(got) == 2 else None
+    ok = lambda h: isinstance(h, torch.Tensor) and h.dim() == 3 and h.shape[:2] == x.shape[:2]
+    if not (isinstance(inside, dict) and isinstance(inside.get("layers"), list) and ok(inside.get("final"))
+            and all(isinstance(l, dict) and ok(l.get("x")) for l in inside["layers"])):
+        raise ValueError(f"{type(model).__name__}(x, return_internals=True) must return (out, dict({STREAM_LAYOUT}))")
+    return inside
 
 
 def scored_entropy(task, batch):
@@ -175,19 +191,6 @@ def manifold(model, task, batch, state, args, by_state=False):
     return dict(layers=layers, final_layer=final), draw
 
 
-def values_figures(r):
-    """values' figures for the claims table (geometry.py seeds): the final layer after its norm at the bijection's
-    value and key positions (None where the task has no such site: hmm's are its observations)."""
-    at = lambda site, k: r["final_layer"][site]["after_norm"][k] if site in r["final_layer"] else None
-    return {
-        "values at value positions, after the norm: PC1 share": at("value", "pc1_share"),
-        "|corr(PC1, H)| at value positions": at("value", "corr_pc1"),
-        "values at key positions, after the norm: PC1 share": at("key", "pc1_share"),
-        "|corr(PC1, H)| at key positions": at("key", "corr_pc1"),
-        "|corr(PC1, position)| at key positions": at("key", "corr_pc1_position"),
-    }
-
-
 # -----------------------------------------------------------------------------
 # belief: a linear probe of the exact posterior vector (Shai et al. 2024)
 
@@ -224,7 +227,7 @@ def belief(model, task, batch, state, args):
     for (name, X), (_, X0) in zip(streams(model), streams(init)):
         (trained, pred[name]), (fresh, _) = score(X), score(X0)
         layers[name] = dict(trained=trained, init=fresh)
-    tokens, _ = score(model.wte(batch.x)[batch.mask])
+    tokens = score(model.wte(batch.x)[batch.mask])[0] if hasattr(model, "wte") else None  # its token embeddings
     Yt, const = Y[test], Y[~test].mean(0).expand_as(Y[test])
     target = "(mean, log var)" if task.gaussian else \
         f"P over {Y.shape[1]} " + ("hidden states" if task.name == "hmm" else "values")
@@ -239,7 +242,8 @@ def belief(model, task, batch, state, args):
         for ax, k in zip(axs[:2], ("r2", "kl_bits")):
             for who in ("trained", "init"):
                 ax.plot(names, [layers[n][who][k] for n in names], "o-", label=f"{who} model")
-            ax.axhline(tokens[k], color="gray", ls="--", label="token embeddings")
+            if tokens:
+                ax.axhline(tokens[k], color="gray", ls="--", label="token embeddings")
             ax.set(xlabel="layer", title=f"held-out probe {'R2' if k == 'r2' else 'KL (bits)'} of the belief")
         axs[1].axhline(r["constant"]["kl_bits"], color="k", ls=":", label="constant (mean belief)")
         axs[1].set_yscale("log")
@@ -280,31 +284,13 @@ RUN = dict(keys=keys, qk=qk, values=manifold, dynamics=dynamics, trajectory=traj
 # each diagnostic's figures for the claims table, read from its result (the others have none): main writes them
 # into geometry_<name>.json as `figures`, and seeds reads them from there
 FIGURES = dict(keys=keys_figures, qk=qk_figures, values=values_figures, dynamics=dynamics_figures,
-               ablate=ablate_figures)
+               ablate=ablate_figures, clusters=clusters_figures, belief=belief_figures)
 
 # -----------------------------------------------------------------------------
 # one recipe over several seeds
 
 CLAIMS = ("keys", "ablate", "qk", "values", "dynamics")  # the claims table's diagnostics, in its order
 RECIPE = ("task", "model", "task_opts", "model_opts", "train")  # what seeds of one recipe share, but the seed
-
-
-def spread(values):  # per figure: each seed's, their mean, min and max (elementwise for per-layer lists)
-    if isinstance(values[0], list):
-        cols = [spread(list(c)) for c in zip(*values)]
-        return dict(values=values, **{k: [c[k] for c in cols] for k in ("mean", "min", "max")})
-    return dict(values=values, mean=sum(values) / len(values), min=min(values), max=max(values))
-
-
-def read_json(path):  # a JSON object: a corrupt file, or other JSON, is a ValueError naming it
-    try:
-        with open(path) as f:
-            d = json.load(f)
-        if not isinstance(d, dict):
-            raise ValueError(f"a {type(d).__name__}, not an object")
-    except ValueError as e:  # UnicodeDecodeError too
-        raise ValueError(f"{path} is not the JSON geometry.py writes ({e}): run geometry.py all again") from None
-    return d
 
 
 def read_figures(name, d, path):
@@ -317,28 +303,6 @@ def read_figures(name, d, path):
     except (KeyError, IndexError, TypeError) as e:
         raise ValueError(f"{path} holds no figures, and not the layout geometry.py writes ({type(e).__name__}: "
                          f"{e}): run geometry.py {name} on it again") from None
-
-
-def claims(runs, found):
-    """({figure: spread over the runs}, {figure: what lacks it}) in the claims table's order: a figure is missing
-    where a run's diagnostic did not write it, its value is null (does not apply, or NaN), or the run has no such
-    diagnostic at all. Runs of different depths are a ValueError: their per-layer figures do not line up."""
-    figures, missing = {}, {}
-    for n in CLAIMS:
-        names = dict.fromkeys(k for f in found for k in f.get(n, {}))  # every run's, in the diagnostic's order
-        if not names:
-            missing[f"every {n} figure"] = dict(diagnostic=n, runs=[r["run"] for r in runs])
-        for name in names:
-            values = [f.get(n, {}).get(name) for f in found]
-            lacking = [r["run"] for r, v in zip(runs, values) if v is None or isinstance(v, list) and None in v]
-            if lacking:
-                missing[name] = dict(diagnostic=n, runs=lacking)
-            elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) > 1:
-                raise ValueError(f"{name}: the runs have {[len(v) for v in values]} layers; seeds of one recipe "
-                                 f"only (one model size)")
-            else:
-                figures[name] = spread(values)
-    return figures, missing
 
 
 def read_runs(run_dirs):
@@ -378,7 +342,7 @@ def seeds(argv):
     try:
         check_out_dir(args.out, "--out")
         runs, found = read_runs(args.runs)
-        figures, missing = claims(runs, found)
+        figures, missing = claims(runs, found, CLAIMS)
     except ValueError as e:
         p.exit(2, f"geometry.py seeds: error: {e}\n")
     write_json(os.path.join(args.out, "geometry_seeds.json"), to_json(dict(runs=runs, figures=figures, missing=missing)))
@@ -401,11 +365,27 @@ def seeds(argv):
 # command line
 
 
-def why_not(name, cfg, path):
+def lacks(name, model, mc):
+    """What a model must add for a diagnostic (README, "Bring your own model"), or None: the stream diagnostics
+    read forward(x, return_internals=True); ablate forward(x, skip_layers=...) and its config's n_layer; the
+    attention ones the q, k, attention maps and weights of transformer.py's layout."""
+    takes = lambda arg: arg in (ps := inspect.signature(model.forward).parameters) or any(
+        p.kind is p.VAR_KEYWORD for p in ps.values())
+    if name in ("keys", "qk", "dynamics", "trajectory") and not isinstance(model, Transformer):
+        return (f"{name} needs a model with softmax attention laid out as transformer.py's (transformer, or a "
+                f"subclass of transformer.Transformer); {type(model).__name__} is not one")
+    if name in STREAMS and not takes("return_internals"):
+        return (f"{name} reads each layer's hidden states: give {type(model).__name__}.forward a return_internals "
+                f"argument that, when True, returns (out, dict({STREAM_LAYOUT}))")
+    if name == "ablate" and not (takes("skip_layers") and isinstance(mc.get("n_layer"), int)):
+        return (f"ablate skips layers: give {type(model).__name__}.forward a skip_layers argument (the layers to "
+                f"bypass, output = input) and its config an n_layer field")
+    return None
+
+
+def why_not(name, cfg, path, model, mc):
     """None if the diagnostic applies to this checkpoint, else the reason."""
-    model, task = cfg["model"], cfg["task"]
-    if name in ("keys", "qk", "dynamics", "trajectory") and model not in ATTENTION:
-        return f"{name} needs a model with softmax attention ({', '.join(ATTENTION)}), not {model!r}"
+    task = cfg["task"]
     if name in ("values", "dynamics") and task not in ENTROPY_TASKS:
         return f"{name} needs a task whose posterior entropy varies ({', '.join(ENTROPY_TASKS)}), not {task!r}"
     if name == "clusters" and task != "hmm":
@@ -414,6 +394,8 @@ def why_not(name, cfg, path):
         what = dict(recall="the bound value", hop="the k-hop successor").get(task, "one answer")
         return (f"belief needs a task whose posterior is a vector ({', '.join(BELIEF_TASKS)}): "
                 f"{task}'s is a point mass on {what}, nothing to probe")
+    if (why := lacks(name, model, mc)) is not None:
+        return why
     if name in ("keys", "qk") and task not in KEY_TASKS:
         return f"{name} needs a task with hypothesis tokens, not {task!r}"
     if name == "trajectory" and (task != "bijection" or cfg["task_opts"].get("layout", "separate") != "separate"):
@@ -421,12 +403,6 @@ def why_not(name, cfg, path):
     if name in ("dynamics", "trajectory") and not glob.glob(os.path.join(path, "ckpt_*.pt")):
         return f"{name} needs snapshot checkpoints ckpt_*.pt in {path} (train with --ckpt_schedule log or dense)"
     return None
-
-
-def to_json(x):  # NaN (e.g. the silhouette of a single cluster) -> null
-    if isinstance(x, dict):
-        return {k: to_json(v) for k, v in x.items()}
-    return [to_json(v) for v in x] if isinstance(x, list) else None if x != x else x
 
 
 def main(argv=None):
@@ -467,9 +443,15 @@ def main(argv=None):
             if cfg["task"] != "hmm":
                 raise ValueError(f"--K applies to hmm checkpoints only, not {cfg['task']!r}")
             task = make_task("hmm", **cfg["task_opts"] | dict(K=args.K))
-        names = [n for n in DIAGNOSTICS if args.diagnostic in (n, "all") and not why_not(n, cfg, args.ckpt)]
-        if args.diagnostic != "all" and why_not(args.diagnostic, cfg, args.ckpt):
-            raise ValueError(why_not(args.diagnostic, cfg, args.ckpt))
+        why = {n: why_not(n, cfg, args.ckpt, model, state["model_config"]) for n in DIAGNOSTICS
+               if args.diagnostic in (n, "all")}
+        names = [n for n, w in why.items() if w is None]
+        if args.diagnostic != "all" and why[args.diagnostic]:
+            raise ValueError(why[args.diagnostic])
+        for n in (n for n, w in why.items() if w):
+            print(f"skipped {n}: {why[n]}")
+        if not names:
+            raise ValueError(f"no diagnostic applies to {path}: each is skipped above, with what it needs")
         seed = cfg["train"]["eval_seed"] if args.seed is None else args.seed
         args.seed, batch = seed, held_out(task, args.n_seq, seed)
         if batch.x.is_floating_point():  # regression's real inputs, for the float64 model
@@ -486,13 +468,16 @@ def main(argv=None):
             base = os.path.join(os.path.dirname(path), f"geometry_{n}" + ("" if stem == "ckpt" else f"_{stem}"))
             head = dict(diagnostic=n, ckpt=path, task=cfg["task"], model=cfg["model"], iter=state["iter"],
                         n_seq=args.n_seq, seed=seed) | (dict(K=task.K) if task.name == "hmm" else {})
-            figures = FIGURES[n](r) if n in FIGURES else {}  # what seeds reads
+            figures = {k: v for k, v in FIGURES[n](r).items() if v is not None} if n in FIGURES else {}  # for seeds
             write_json(base + ".json", to_json(head | r | dict(figures=figures)))
             if plt is not None:
                 fig = draw(plt)
                 write_file(base + ".png", lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
                 plt.close(fig)
             print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))
+            num = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # as train.py prints its metrics:
+            for k, v in figures.items():  # the headline figures
+                print(f"  {k}: {', '.join(map(num, v)) if isinstance(v, list) else num(v)}")
     except ValueError as e:
         p.exit(2, f"geometry.py: error: {e}\n")
     except OSError as e:  # a full or read-only disk: every file is written whole or not at all (write_file)

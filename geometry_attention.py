@@ -21,6 +21,7 @@ import glob
 import inspect
 import os
 import re
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -30,9 +31,8 @@ from checkpoints import build_model, ckpt_path, load, load_checkpoint
 from geometry_stats import (AUTHORS_DENSE, final_streams, frame_ratio, jlens_mae, jlens_tokens, js_bits,
                             manifold_stats, offdiag_abs_cos, offdiag_cos, value_protocols)
 from oracles import Metrics, entropy_bits, oracle
-from transformer import attn_bias
+from transformer import Transformer, attn_bias
 
-ATTENTION = ("transformer",)  # models with softmax attention: queries, keys, attention maps
 KEY_TASKS = ("bijection", "hmm", "recall", "hop")  # tasks with hypothesis tokens (hypothesis_tokens)
 
 
@@ -301,14 +301,14 @@ def ablate(model, task, batch, state, args):
     (models with heads): the per-token MAE's increase per masked head and its concentration, on the bijection's
     query layout also at its key positions alone (key_positions_mae, as the authors score it); with hypothesis
     keys also layer 0's most orthogonal head (jlens identify_frame_head: normed, mean |cos|)."""
-    c = model.config
+    c = SimpleNamespace(**state["model_config"])  # n_layer (n_head): what a model from a file declares
     base = entropy_mae(model, task, batch)
     rows = [dict(ablation=f"skip L{l}", **entropy_mae(model, task, batch, skip_layers={l})) for l in range(c.n_layer)]
     if "skip_mlps" in inspect.signature(model.forward).parameters:  # the MLP alone, apart from the heads
         rows += [dict(ablation=f"skip L{l} MLP", **entropy_mae(model, task, batch, skip_mlps={l}))
                  for l in range(c.n_layer)]
     delta = {}
-    if hasattr(c, "n_head"):  # models with a head_mask (transformer, linear_attn)
+    if hasattr(c, "n_head") and "head_mask" in inspect.signature(model.forward).parameters:  # transformer, linear_attn
         for l, h in [(l, h) for l in range(c.n_layer) for h in [*range(c.n_head), None]]:
             name = f"mask L{l} all heads" if h is None else f"mask L{l}H{h}"
             rows.append(dict(ablation=name, **entropy_mae(model, task, batch, head_mask=masked(c, l, h))))
@@ -326,7 +326,7 @@ def ablate(model, task, batch, state, args):
                                         baseline=keys, skip_ratio=skip, delta_mae=d, **concentration(d))
     if delta:
         r["frame"] = dict(metric="mae_token", delta_mae=delta, **concentration(delta))
-        if state["config"]["model"] in ATTENTION and state["config"]["task"] in KEY_TASKS:  # where keys applies
+        if isinstance(model, Transformer) and state["config"]["task"] in KEY_TASKS:  # where keys applies
             scores = offdiag_cos(head_keys(model, hypothesis_tokens(task), 0, normed=True))
             r["frame"] |= dict(frame_head_by_orthogonality=f"L0H{int(scores.argmin())}",
                                orthogonality_scores=scores.tolist())

@@ -30,6 +30,8 @@ The frame ratio (jlens run_phase5.py:72-111): a J-space is the top-8 eigenvector
 0's output and each key position with a later one; frame_ratio = the J-spaces' mean ||U^T W||_F^2 / min(8, V)
 with the final model's frame W (geometry_attention.frame_basis), over the same for 500 random 8-dim subspaces
 (float32 draws, seed 123). Their batch: 256 sequences of python random.Random(444) (data_gen.py:105-202).
+Last, from the diagnostics' numbers: the headline figures of values, clusters and belief (geometry.FIGURES), and
+the claims table's spread of figures over seeds (claims).
 """
 import copy
 from functools import partial
@@ -252,8 +254,11 @@ QKV_N_SEQ = 100  # qkv_analysis.py:266: 100 calls of a generator that returns on
 
 
 def final_streams(model, x):
-    """(B, T, d) the last block's output before the final norm, and after it (what the head reads)."""
-    norm = model.ln_f if hasattr(model, "ln_f") else model.norm_f
+    """(B, T, d) the last block's output before the final norm, and after it (what the head reads); a model with
+    no final norm (ln_f or norm_f), a model from a file, gives its final stream for both."""
+    norm = getattr(model, "ln_f", None) or getattr(model, "norm_f", None)
+    if norm is None:
+        return (model(x, return_internals=True)[1]["final"],) * 2
     seen = []
     hook = norm.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
     try:
@@ -417,3 +422,62 @@ def jlens_ratio(grams, frame, rank=8, n_null=500):
     nulls = torch.linalg.qr(torch.randn(n_null, frame.shape[0], rank, generator=g).double()).Q
     obs, null = sum(map(overlap, Us)) / len(Us), sum(map(overlap, nulls)) / n_null
     return dict(frame_ratio=obs / null, overlap=obs, null_overlap=null, n_jspaces=len(Us))
+
+# -----------------------------------------------------------------------------
+# the claims table's figures over seeds of one recipe (geometry.py seeds)
+
+
+def values_figures(r):
+    """values' figures for the claims table (geometry.py seeds): the final layer after its norm at each site, the
+    bijection's value and key positions, hmm's observations."""
+    out = {}
+    for site in (s for s in ("value", "key", "observation") if s in r["final_layer"]):
+        after = r["final_layer"][site]["after_norm"]
+        out |= {f"values at {site} positions, after the norm: PC1 share": after["pc1_share"],
+                f"|corr(PC1, H)| at {site} positions": after["corr_pc1"]}
+        if site != "value":
+            out[f"|corr(PC1, position)| at {site} positions"] = after["corr_pc1_position"]
+    return out
+
+
+def clusters_figures(r):
+    """clusters' figures: the observations' final layer after its norm, by argmax state."""
+    s = r["final_layer"]["observation"]["after_norm"]
+    return {"silhouette by argmax state": s["silhouette"], "its null's 95th percentile": s["silhouette_null_p95"],
+            "k-means ARI": s["kmeans_ari"]}
+
+
+def belief_figures(r):
+    """belief's figures: the held-out probe of the final layer, trained and at initialisation."""
+    final = r["layers"]["final"]
+    return {"belief probe R2, final layer": final["trained"]["r2"], "the same at init": final["init"]["r2"],
+            "belief probe KL (bits), final layer": final["trained"]["kl_bits"]}
+
+
+def spread(values):  # per figure: each seed's, their mean, min and max (elementwise for per-layer lists)
+    if isinstance(values[0], list):
+        cols = [spread(list(c)) for c in zip(*values)]
+        return dict(values=values, **{k: [c[k] for c in cols] for k in ("mean", "min", "max")})
+    return dict(values=values, mean=sum(values) / len(values), min=min(values), max=max(values))
+
+
+def claims(runs, found, diagnostics):
+    """({figure: spread over the runs}, {figure: what lacks it}) in the claims table's order (diagnostics): a figure is
+    missing where a run's diagnostic did not write it, its value is null (does not apply, or NaN), or the run has no
+    such diagnostic at all. Runs of different depths are a ValueError: their per-layer figures do not line up."""
+    figures, missing = {}, {}
+    for n in diagnostics:
+        names = dict.fromkeys(k for f in found for k in f.get(n, {}))  # every run's, in the diagnostic's order
+        if not names:
+            missing[f"every {n} figure"] = dict(diagnostic=n, runs=[r["run"] for r in runs])
+        for name in names:
+            values = [f.get(n, {}).get(name) for f in found]
+            lacking = [r["run"] for r, v in zip(runs, values) if v is None or isinstance(v, list) and None in v]
+            if lacking:
+                missing[name] = dict(diagnostic=n, runs=lacking)
+            elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) > 1:
+                raise ValueError(f"{name}: the runs have {[len(v) for v in values]} layers; seeds of one recipe "
+                                 f"only (one model size)")
+            else:
+                figures[name] = spread(values)
+    return figures, missing

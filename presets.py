@@ -230,7 +230,9 @@ def resolve_model(spec):
         module = load_module(os.path.abspath(where) if where.endswith(".py") else where)
     except (FileNotFoundError, ModuleNotFoundError) as e:  # the file or module, or a module that the file imports
         what = f"file {e.filename}" if isinstance(e, OSError) else f"module named {e.name}"
-        raise ValueError(f"{spec}: no {what}") from None
+        how = (f" (put its folder on PYTHONPATH, or give its file: {where.replace('.', '/')}.py:{name})"
+               if isinstance(e, ModuleNotFoundError) and (where + ".").startswith(e.name + ".") else "")
+        raise ValueError(f"{spec}: no {what}{how}") from None
     except (Exception, SystemExit) as e:  # the file's own code fails on import (a syntax error too): its error, line
         at = (e.filename, e.lineno) if isinstance(e, SyntaxError) else traceback.extract_tb(e.__traceback__)[-1][:2]
         raise ValueError(f"{spec}: importing it raised {type(e).__name__}: {(str(e) or '?').splitlines()[0]} at "

@@ -128,7 +128,7 @@ def other_run(r, cfg):
 def load_results(out_dir):
     """A cell's results.json; None where it is missing, corrupt or lacks its metrics (an unfinished cell)."""
     try:
-        with open(os.path.join(out_dir, "results.json")) as f:
+        with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as f:
             r = json.load(f)
     except (OSError, ValueError):
         return None
@@ -139,7 +139,7 @@ def load_results(out_dir):
 def log_error(log):
     """The line of a run's log that says why it stopped: its last "error:" line, else its last line."""
     try:
-        with open(log, errors="replace") as f:
+        with open(log, encoding="utf-8", errors="replace") as f:
             lines = [line.strip() for line in f if line.strip()]
     except OSError:
         return f"{log} cannot be read"
@@ -150,7 +150,7 @@ def run_in_process(main, argv, log, mode="a", contain=True):
     """main(argv), a script's (train.main), in this process with its output to the file log (mode "a" adds to it,
     "w" starts it afresh); returns its exit code. contain: a crash is its traceback in the log and exit code 1, and
     an argument error's SystemExit its code, so that a sweep goes on (reproduce.py); else both reach the caller."""
-    with open(log, mode, buffering=1) as f, redirect_stdout(f), redirect_stderr(f):
+    with open(log, mode, buffering=1, encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
         if not contain:
             return main(argv)
         try:
@@ -163,7 +163,7 @@ def run_in_process(main, argv, log, mode="a", contain=True):
 
 
 def note_command(log, argv):
-    with open(log, "a") as f:
+    with open(log, "a", encoding="utf-8") as f:
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} train.py {' '.join(argv)}\n")
 
 
@@ -221,7 +221,7 @@ def run_cells(todo, jobs, n_gpus):
                         env["CUDA_VISIBLE_DEVICES"] = gpus[slot % n_gpus]
                         where = f" on GPU {gpus[slot % n_gpus]}"
                     note_command(log, argv)
-                    f = open(log, "a")
+                    f = open(log, "a", encoding="utf-8")
                     p = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *argv],
                                          stdout=f, stderr=subprocess.STDOUT, env=env)
                     running[slot] = (label, p, f, time.time())

@@ -471,6 +471,8 @@ def cli(main, prog, kept):
     """A script's main() from the shell: Ctrl-C, or SIGTERM (kill, a scheduler's stop), ends it with one line
     (what was kept) and exit code 2; a full or read-only disk, or no memory, with one line and exit code 1."""
     before = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}  # the script's, for imports
+    for stream in (sys.stdout, sys.stderr):  # a C or Latin-1 locale: "−" and "—" as \u2212, not a traceback
+        getattr(stream, "reconfigure", lambda **kw: None)(errors="backslashreplace")
     threads = os.environ.get("OMP_NUM_THREADS")
     try:
         if threads is not None and not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", threads.strip()):  # else libgomp

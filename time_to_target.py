@@ -158,7 +158,7 @@ def task_row(t, args, extra, p):
             print(f"{t}: train.py failed (exit {rc})")
             return None
     try:
-        with open(os.path.join(out_dir, "results.json")) as f:
+        with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as f:
             r = json.load(f)
         if (r["task"], r["model"]) != (t, "transformer"):
             raise ValueError(f"it holds a {r['task']} x {r['model']} run, not {t} x transformer")

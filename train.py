@@ -220,8 +220,7 @@ def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
 
 def batch_mae(task, batch, out):
     """The training batch's per-token entropy MAE (bits), for the progress line."""
-    m = Metrics()
-    m.update(task, batch.to("cpu"), out.float())
+    (m := Metrics()).update(task, batch.to("cpu"), out.float())
     return m.result(task)["mae_token"]
 
 
@@ -293,8 +292,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
 def step(fwd, task, opt, batch, ctx):
     """Forward, loss and backward: the compiled backward graph is built, and may fail, at the first backward."""
     with ctx:
-        out = fwd(batch.x)
-        loss = task.loss(out, batch)
+        loss = task.loss(out := fwd(batch.x), batch)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     return out, loss

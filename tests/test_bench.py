@@ -87,3 +87,16 @@ def test_the_16_gib_cap_names_the_gpu_by_index(monkeypatch):
     calls.clear()
     hardware.capped_cell(None, torch.device("cuda:1"), "hmm", "paper", "mamba")
     assert calls == [(0.25, 1), (1.0, 1)]
+
+
+def test_train_times_the_quick_size_unless_asked_and_says_what_it_will_run(monkeypatch, capsys):
+    said = []
+    monkeypatch.setattr(bench, "machine", lambda threads: said.append(capsys.readouterr().out) or {})
+    monkeypatch.setattr(bench, "describe", lambda cpu: "stub")
+    monkeypatch.setattr(bench, "in_fresh_process", lambda kind, which, *a: (None, f"not timed: {which}"))
+    assert exit_code(bench.main, ["train", "--models", "mlp,lstm"]) == 2  # every row failed: none was timed
+    out = capsys.readouterr().out
+    assert "to run: 2 rows, mlp, lstm at the quick size, 7 steps each in a process of its own" in said[0]  # first
+    assert "not timed: ('mlp', 'quick')" in out and "not timed: ('lstm', 'quick')" in out and "paper" not in out
+    assert exit_code(bench.main, ["train", "--models", "mlp", "--sizes", "quick,paper"]) == 2
+    assert "to run: 2 rows, mlp at the quick and paper sizes" in said[1]

@@ -138,7 +138,8 @@ def test_a_model_that_cannot_take_the_task_is_one_line_before_training(tmp_path)
     ("{tmp}/conv.py:ConvConfig", "ConvConfig is not an nn.Module"),
     ("{tmp}/bare.py:Net", "no config: add a @dataclass named NetConfig to {tmp}/bare.py"),
     ("{tmp}/bare.py:Counted", "Counted has no num_params() method"),
-    ("no_such_module:Conv", "--model no_such_module:Conv: no module named no_such_module"),
+    ("no_such_module:Conv", "--model no_such_module:Conv: no module named no_such_module (put its folder on "
+                            "PYTHONPATH, or give its file: no_such_module.py:Conv)"),
     ("conv.py", "--model conv.py: not a model; give one of transformer, mamba"),
 ])
 def test_a_spec_that_names_no_model_is_one_line(tmp_path, capsys, spec, expect):
@@ -246,3 +247,93 @@ def test_reproduce_writes_n_a_where_a_model_cannot_take_the_task(tmp_path, capsy
     assert exit_code(reproduce.main, argv[:5] + [f"transformer,{tmp_path / 'gone.py'}:Conv"] + argv[6:]) == 2
     assert capsys.readouterr().err.strip().endswith(f"--models {tmp_path / 'gone.py'}:Conv: no file "
                                                     f"{tmp_path / 'gone.py'}")
+
+
+# every I/O field declared with a default of another kind than some task fills in (answer_offset: int = 0 where
+# hmm and regression have none, n_features None where recall has 0): train.py's checkpoint reopens all the same
+IO_DECLARED = GRU_PY.replace("answer_offset: int = None", "answer_offset: int = 0").replace(
+    "n_features: int = 0", "n_features: int = None").replace("vocab_size: int = 0", "vocab_size: int = None")
+
+
+@pytest.mark.parametrize("task", ["hmm", "regression", "recall"])
+def test_a_checkpoint_reopens_for_every_io_field_a_config_declares(tmp_path, task):
+    spec, out = f"{model_file(tmp_path, 'gru', IO_DECLARED)}:GRU", tmp_path / "run"
+    argv = ["--task", task, "--model", spec, "--out_dir", str(out)]
+    tiny = ["--d_model", "8", "--n_layer", "1", "--batch_size", "4", "--log_interval", "1", "--eval_interval", "2",
+            "--eval_samples", "8", "--eval_samples_during", "8", "--stop_at", "", "--curriculum", ""]
+    assert exit_code(train.main, argv + tiny + ["--max_iters", "2"]) == 0
+    assert exit_code(train.main, argv + ["--resume", "--max_iters", "3"]) == 0
+    assert exit_code(train.main, argv + ["--eval_only"]) == 0
+    model, t, state = checkpoints.load(str(out))  # geometry.py's loader
+    assert state["iter"] == 3 and model.config.answer_offset == t.answer_offset  # None on hmm and regression
+
+
+# the README's contract for the diagnostics: per-layer hidden states (values, clusters, belief), layers to skip (ablate)
+GRU_LAYERS_PY = GRU_PY.replace('''        self.gru = nn.GRU(c.d_model, c.d_model, c.n_layer, batch_first=True)''',
+                               '''        self.grus = nn.ModuleList(nn.GRU(c.d_model, c.d_model, batch_first=True)
+                                  for _ in range(c.n_layer))
+        self.ln_f = nn.LayerNorm(c.d_model)''').replace('''    def forward(self, x):
+        """x: (B, T) tokens or (B, T, F) reals -> (B, T, C) logits, or (B, T, 2) = (mean, log-variance)."""
+        h, _ = self.gru(self.wte(x))  # (B, T, d_model)
+        return self.head(h)''', '''    def forward(self, x, skip_layers=(), return_internals=False):
+        h, layers = self.wte(x), []
+        for i, gru in enumerate(self.grus):
+            layers.append({"x": h})  # (B, T, d_model) the input of layer i
+            h = h if i in skip_layers else h + gru(h)[0]
+        h = self.ln_f(h)
+        return (self.head(h), dict(layers=layers, final=h)) if return_internals else self.head(h)''')
+HMM = ["--task", "hmm", "--K", "4", "--n_states", "3", "--n_obs", "3", "--d_model", "8", "--n_layer", "2",
+       "--batch_size", "4", "--max_iters", "2", "--eval_interval", "2", "--eval_samples", "8",
+       "--eval_samples_during", "8", "--stop_at", "", "--curriculum", ""]
+
+
+def test_geometry_all_runs_every_diagnostic_a_model_file_exposes(tmp_path, capsys):
+    import geometry
+    out = str(tmp_path / "run")
+    spec = f"{model_file(tmp_path, 'gru', GRU_LAYERS_PY)}:GRU"
+    assert exit_code(train.main, HMM + ["--model", spec, "--out_dir", out]) == 0
+    capsys.readouterr()
+    assert exit_code(geometry.main, ["all", "--ckpt", out, "--n_seq", "8", "--n_perm", "5", "--no_plot"]) == 0
+    said = capsys.readouterr().out
+    for n in ("values", "clusters", "belief", "ablate"):
+        assert os.path.exists(os.path.join(out, f"geometry_{n}.json")), said
+    assert list(json.load(open(os.path.join(out, "geometry_values.json")))["layers"]) == ["emb", "L1", "final"]
+    a = json.load(open(os.path.join(out, "geometry_ablate.json")))
+    assert [r["ablation"] for r in a["ablations"]] == ["skip L0", "skip L1"] and "frame" not in a
+    assert ("skipped keys: keys needs a model with softmax attention laid out as transformer.py's (transformer, or "
+            "a subclass of transformer.Transformer); GRU is not one") in said
+    c = json.load(open(os.path.join(out, "geometry_clusters.json")))["figures"]
+    assert f"  silhouette by argmax state: {c['silhouette by argmax state']:.4g}\n" in said  # the headline figures
+    assert "  |corr(PC1, H)| at observation positions: " in said and "  belief probe R2, final layer: " in said
+
+
+def test_geometry_says_what_a_model_file_must_add(tmp_path, capsys):
+    import geometry
+    out = str(tmp_path / "run")
+    assert exit_code(train.main, HMM + ["--model", f"{model_file(tmp_path, 'gru', GRU_PY)}:GRU", "--out_dir", out]) == 0
+    capsys.readouterr()
+    assert exit_code(geometry.main, ["all", "--ckpt", out, "--n_seq", "8", "--no_plot"]) == 2
+    said, err = capsys.readouterr()
+    assert "skipped values: values reads each layer's hidden states: give GRU.forward a return_internals" in said
+    assert ("skipped ablate: ablate skips layers: give GRU.forward a skip_layers argument (the layers to bypass, "
+            "output = input) and its config an n_layer field") in said
+    assert err == (f"geometry.py: error: no diagnostic applies to {out}/ckpt.pt: each is skipped above, with what it "
+                   f"needs\n")
+    for n in ("values", "belief", "clusters", "ablate", "qk"):
+        assert exit_code(geometry.main, [n, "--ckpt", out, "--no_plot"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"geometry.py: error: {n} ") and err.count("\n") == 1, err
+
+
+def test_eval_only_refuses_a_wrong_output_shape_as_training_does(tmp_path, capsys):
+    conv, out = model_file(tmp_path, "conv", CONV_PY), tmp_path / "run"
+    argv = ["--task", "bijection", "--model", f"{conv}:Conv", "--out_dir", str(out)]
+    assert exit_code(train.main, argv + TINY) == 0
+    model_file(tmp_path, "conv", CONV_PY.replace("return self.head(h.transpose(1, 2))",
+                                                 "return self.head(h.transpose(1, 2))[..., :1]"))  # (B, T, 1)
+    presets.load_module.cache_clear()  # the edited file, as a new process reads it
+    capsys.readouterr()
+    assert exit_code(train.main, argv + ["--eval_only"]) == 2
+    assert capsys.readouterr().err.strip().endswith("the model's output is (50, 9, 1); bijection needs a tensor "
+                                                    "(B, T, C) = (50, 9, 6)")
+    assert not (out / "eval.json").exists()

@@ -406,3 +406,17 @@ def ctrl_c_as_in_a_terminal():
     """SIGINT's default action in the child, as a terminal gives it: a test run started in the background (`cmd &`)
     ignores SIGINT, which the child, and so Python's KeyboardInterrupt, would inherit."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_a_c_or_latin_1_locale_gets_no_traceback(tmp_path):
+    """"−" and "—" on a stdout that cannot encode them come out escaped; the tables are written in UTF-8."""
+    env = os.environ | {"LC_ALL": "C", "PYTHONUTF8": "0", "OMP_NUM_THREADS": "1"}
+    say = "import runtime; runtime.cli(lambda: print('0.5 \\u2212 1 \\u2014 ok') or 0, 'x', '')"
+    for codec in ("ascii", "latin-1"):
+        p = subprocess.run([sys.executable, "-c", say], cwd=ROOT, capture_output=True, env=env | {
+            "PYTHONIOENCODING": codec})
+        assert (p.returncode, p.stdout, p.stderr) == (0, b"0.5 \\u2212 1 \\u2014 ok\n", b"")
+    p = subprocess.run([sys.executable, "reproduce.py", "--table_only", "--out", str(tmp_path / "out"), "--results",
+                        str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert "−" in (tmp_path / "r" / "table.md").read_text(encoding="utf-8")
