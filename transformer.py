@@ -257,5 +257,6 @@ class Transformer(nn.Module):
         if not self.tied:
             out = self.head(h)
         else:
-            out = h @ (self.wte.weight if c.head_vocab else self.wte.weight[c.answer_offset:][:c.n_classes]).T
+            W = self.wte.weight if c.head_vocab else self.wte.weight[c.answer_offset:c.answer_offset + c.n_classes]
+            out = h @ W.T
         return (out, dict(layers=layers, final=h)) if return_internals else out
