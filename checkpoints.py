@@ -11,7 +11,9 @@ plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manage
 - a new run refuses a folder that holds another (run_files); a run locks its folder for its lifetime
   (lock_out_dir), and --overwrite sets the old run aside until the new one has saved (set_aside, settle_aside);
 - print0: only rank 0 speaks for a run; it is here, below runtime.py, since a lock taken over says so in a line;
-- what a run records of itself (code_version), and which of two runs' settings differ (setting_differs).
+- what a run records of itself (code_version), and which of two runs' settings differ (setting_differs);
+- a request the machine's memory cannot hold is refused before it allocates, naming its flag (check_memory);
+  one that only takes long says how long, once, when it will take more than a minute (say_eta).
 """
 import builtins
 from contextlib import suppress
@@ -398,3 +400,59 @@ def settle_aside(out_dir, keep_new):
             os.replace(os.path.join(aside, f), os.path.join(out_dir, f))
     shutil.rmtree(aside)
     return not keep_new
+
+# -----------------------------------------------------------------------------
+# requests the machine's memory cannot hold: refused in a line before they allocate, not ended by the kernel
+
+
+def machine_memory(device):
+    """Bytes the tensors on `device` can use: the GPU's memory, else the machine's (0: unknown, nothing refused)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def token_bytes(mc, backward, itemsize=4):
+    """At least the bytes one token of a batch holds in a forward pass (backward: and what its backward keeps). A
+    transformer's training step measured 17 d_model floats a layer and token (bijection, 4,000 sequences: 26 KB a
+    token); the floor taken is half that, so that only what cannot fit is refused; a model without d_model counts
+    its outputs and the batch's ids, targets and mask only."""
+    width, layers = mc.get("d_model") or 0, mc.get("n_layer") or 1
+    outs = mc.get("n_classes") or mc.get("vocab_size") or 2
+    return itemsize * ((8 if backward else 2) * width * layers + 2 * outs) + 24
+
+
+def check_memory(flag, need, device, fix):
+    """Refuse `flag` if its estimated need (bytes) exceeds the memory of the machine (the GPU's on CUDA)."""
+    have = machine_memory(device)
+    if have and need > have:
+        gpu = "GPU " if device.type == "cuda" else ""
+        raise ValueError(f"{flag}: needs at least {need / 2**30:,.1f} GiB (an estimate), more than this machine's "
+                         f"{have / 2**30:.1f} GiB of {gpu}memory; {fix}")
+
+
+def check_run_memory(cfg, mc, train_len, eval_tasks, device):
+    """train.py's two requests before it allocates: a training step (--batch_size sequences of the task's length,
+    set by its options) and an evaluation pass (--eval_batch_size of at most 250 sequences, --eval_K's lengths)."""
+    train, opts = cfg["train"], " ".join(f"--{k} {v}" for k, v in cfg["task_opts"].items())
+    B, per_pass = train["batch_size"], min(train["eval_batch_size"] or 250, 250, train["eval_samples"])
+    check_memory(f"--batch_size {B} of {train_len}-token sequences" + (f" ({opts})" if opts else ""),
+                 B * train_len * token_bytes(mc, True), device,
+                 "use a smaller --batch_size" + (" or shorter sequences" if opts else ""))
+    name, task = max(eval_tasks.items(), key=lambda kv: kv[1].seq_len)
+    flag = f"--eval_K {name[1:]}" if name != "default" else f"evaluating {train_len}-token sequences"
+    check_memory(f"{flag} ({task.seq_len} tokens a sequence, {per_pass} a pass)",
+                 per_pass * task.seq_len * token_bytes(mc, False), device,
+                 "use a smaller --eval_K" if name != "default" else "use a smaller --eval_batch_size")
+
+
+def say_eta(flag, value, done, total, t0, after=60):
+    """One line, naming the flag, when the rest of a long request (done of total units since t0) will take more
+    than `after` seconds: its memory is bounded, its time is not."""
+    left = (time.time() - t0) * (total - done) / max(done, 1)
+    if left > after:
+        print0(f"{flag} {value}: about {f'{left / 3600:,.1f} h' if left >= 3600 else f'{left / 60:.0f} min'} more "
+               f"at this speed")

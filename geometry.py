@@ -49,8 +49,8 @@ if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and 
 import torch
 from einops import rearrange
 
-from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_out_dir, ckpt_path, load, read_json,
-                         run_record, setting_differs, to_json, write_file, write_json)
+from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_memory, check_out_dir, ckpt_path, load, read_json,
+                         run_record, setting_differs, to_json, token_bytes, write_file, write_json)
 from geometry_attention import (KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
                                 keys_figures, qk, qk_figures, trajectory)
 from geometry_stats import (BELIEF_EPS, abs_corr, belief_figures, belief_kl, claims, clusters_figures, final_streams,
@@ -405,6 +405,16 @@ def why_not(name, cfg, path, model, mc):
     return None
 
 
+def check_geometry_memory(args, task, mc, attention):
+    """The diagnostics hold --n_seq sequences' float64 streams, a transformer one (T, T) attention map a head
+    at least, and --n_perm null silhouettes: refused before they allocate if the machine cannot hold them."""
+    T, cpu = task.seq_len, torch.device("cpu")
+    K = f" (--K {args.K})" if args.K is not None else ""
+    check_memory(f"--n_seq {args.n_seq} of {T}-token sequences{K}", args.n_seq * T * token_bytes(mc, False, 8)
+                 + attention * 8 * T * T * (mc.get("n_head") or 1), cpu, f"use a smaller --n_seq{' or --K' * bool(K)}")
+    check_memory(f"--n_perm {args.n_perm}", 8 * args.n_perm, cpu, "use a smaller --n_perm")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["seeds"]:
@@ -452,6 +462,7 @@ def main(argv=None):
             print(f"skipped {n}: {why[n]}")
         if not names:
             raise ValueError(f"no diagnostic applies to {path}: each is skipped above, with what it needs")
+        check_geometry_memory(args, task, state["model_config"], isinstance(model, Transformer))
         seed = cfg["train"]["eval_seed"] if args.seed is None else args.seed
         args.seed, batch = seed, held_out(task, args.n_seq, seed)
         if batch.x.is_floating_point():  # regression's real inputs, for the float64 model

@@ -25,7 +25,8 @@ if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and 
 
 import torch
 
-from checkpoints import checkpoint, code_version, load_checkpoint, print0, resume, write_json
+from checkpoints import (check_run_memory, checkpoint, code_version, load_checkpoint, print0, resume, say_eta,
+                         write_json)
 from oracles import Metrics
 from presets import (IO_FIELDS, build_config, check_train, during_seed, fill_io, fit_block_size, match_width,
                      model_name, parse_args, parse_stop, resolve_model, resume_config)
@@ -55,6 +56,7 @@ def build(cfg, device, saved=None):
     if train["match_params"] and not saved:
         mc = match_width(cfg, Config, Model, mc, fill_io("transformer", task, {}, longest))
     config = Config(**fit_block_size(Config, Model, mc, longest))
+    check_run_memory(cfg, asdict(config), max(t.seq_len for t in [task, *train_tasks]), eval_tasks, device)
     model = Model(config).to(device)
     return task, eval_tasks, model, make_optimizer(model, train, device), asdict(config)
 
@@ -181,12 +183,15 @@ def parse_curriculum(spec, task, train, grow=replace):
 
 
 @torch.no_grad()
-def evaluate(model, task, n_samples, seed, device, ctx, per_pass=250, batch_size=250):
+def evaluate(model, task, n_samples, seed, device, ctx, per_pass=250, batch_size=250, flag="--eval_samples"):
     """Metrics on n_samples held-out sequences drawn from a fixed seed, batch_size at a time; the forward pass
-    takes at most per_pass of them (--eval_batch_size), which changes the memory, not the sequences."""
+    takes at most per_pass of them (--eval_batch_size), which changes the memory, not the sequences. Its memory
+    stays that of one draw however many there are; an evaluation of more than a minute says how long, naming flag."""
     model.eval()
-    g, m = torch.Generator().manual_seed(seed), Metrics()
+    g, m, t0 = torch.Generator().manual_seed(seed), Metrics(), time.time()
     for i in range(0, n_samples, batch_size):
+        if i == batch_size:
+            say_eta(flag, n_samples, i, n_samples, t0)
         batch = task.sample(min(batch_size, n_samples - i), g)
         with ctx, oom_hint(f"at evaluation (try a smaller --eval_batch_size; it was {per_pass})"):
             out = torch.cat([model(x.to(device)).float() for x in batch.x.tensor_split(-(-len(batch.x) // per_pass))])
@@ -210,7 +215,8 @@ def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
     if not at_eval:
         return "go on", None
     proc.save_first(state)
-    r = evaluate(fwd, task, train["eval_samples_during"], during_seed(train), proc.device, ctx, proc.eval_batch)
+    r = evaluate(fwd, task, train["eval_samples_during"], during_seed(train), proc.device, ctx, proc.eval_batch,
+                 flag="--eval_samples_during")
     if not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):
         proc.diverged("held-out metrics are not finite", proc.step)
         return "diverged", None

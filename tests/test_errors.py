@@ -1,9 +1,13 @@
 """Bad input to every script: one line naming what to change, exit 2 (usage) or 1 (fault), no traceback,
 earlier files whole."""
+import contextlib
+import itertools
 import json
 import os
+import time
 
 import pytest
+import torch
 
 import checkpoints
 import presets
@@ -190,3 +194,53 @@ def test_geometry_refuses_a_seed_past_torchs_range(tmp_path, capsys):
     import geometry
     assert exit_code(geometry.main, ["qk", "--ckpt", str(tmp_path), "--seed", str(2**64)]) == 2
     assert "--seed" in capsys.readouterr().err
+
+
+# -----------------------------------------------------------------------------
+# requests the machine cannot hold: refused before they allocate, naming the flag; long ones say how long
+
+SMALL = ["--max_iters", "1", "--eval_samples", "4", "--eval_samples_during", "4", "--d_model", "16", "--n_layer", "1"]
+
+
+@pytest.fixture(scope="module")
+def hmm_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("hmm") / "run")
+    assert train.main(["--task", "hmm", "--model", "transformer", *SMALL, "--out_dir", out]) == 0
+    return out
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--task", "bijection", "--batch_size", "3000000"], "--batch_size 3000000"),
+    (["--task", "hmm", "--K", "100000000"], "(--K 100000000)"),
+    (["--task", "hmm", "--eval_K", "100000000"], "--eval_K 100000000")])
+def test_train_refuses_what_memory_cannot_hold_before_allocating(tmp_path, monkeypatch, argv, flag, capsys):
+    # before the fix each ran until the kernel ended it (8 GB in 23 s for --batch_size 3000000)
+    monkeypatch.setattr(checkpoints, "machine_memory", lambda device: 16 * 2 ** 30)  # any machine: 16 GiB
+    assert exit_code(train.main, ["--model", "transformer", *SMALL, *argv, "--out_dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err and "GiB of memory" in err, err
+    assert not os.path.exists(tmp_path / "r" / "ckpt.pt")
+
+
+@pytest.mark.parametrize("argv, flag", [(["values", "--n_seq", "100000000"], "--n_seq 100000000"),
+                                        (["values", "--K", "1000000"], "(--K 1000000)"),
+                                        (["clusters", "--n_perm", "100000000000"], "--n_perm 100000000000")])
+def test_geometry_refuses_what_memory_cannot_hold(hmm_run, monkeypatch, argv, flag, capsys):
+    import geometry
+    monkeypatch.setattr(checkpoints, "machine_memory", lambda device: 16 * 2 ** 30)
+    assert exit_code(geometry.main, [*argv, "--ckpt", hmm_run, "--no_plot"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and flag in err and "GiB of memory" in err, err
+
+
+def test_a_long_evaluation_says_how_long(monkeypatch, capsys):
+    # --eval_samples 100000000 keeps one draw's memory (measured flat at 0.4 GB) but ran for hours unannounced
+    clock = itertools.count(0, 10)  # every call to time.time() 10 s later: each draw "takes" 10 s
+    monkeypatch.setattr(time, "time", lambda: next(clock))
+    task = train.make_task("bijection", V=4)
+    class Flat(torch.nn.Module):  # a uniform prediction: the metrics do not matter here
+        def forward(self, x):
+            return torch.zeros(*x.shape, task.V)
+    model = Flat()
+    train.evaluate(model, task, 2000, 0, torch.device("cpu"), contextlib.nullcontext(), flag="--eval_samples_during")
+    assert "--eval_samples_during 2000: about" in capsys.readouterr().out
