@@ -16,6 +16,7 @@ plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manage
   one that only takes long says how long, once, when it will take more than a minute (say_eta).
 """
 import builtins
+import errno
 from contextlib import suppress
 from dataclasses import MISSING, fields
 import glob
@@ -23,6 +24,8 @@ import io
 import json
 import math
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -82,7 +85,8 @@ def load_checkpoint(path):
     model's config, the task's inputs and outputs are the model's, its step is a step. Anything else, however the
     file came to be (truncated, edited, another program's), is one ValueError naming it."""
     if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path} (train first, or pass the run's --out_dir)")
+        raise ValueError(f"no checkpoint at {path} " + (set_aside_note(os.path.dirname(path))
+                                                        or "(train first, or pass the run's --out_dir)"))
     # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
     bad = f"{path}: not a readable train.py checkpoint"
     try:
@@ -225,6 +229,7 @@ def write_file(path, write):
     try:
         folder, name = os.path.split(path)
         os.makedirs(folder or ".", exist_ok=True)
+        remove_stale_tmp(folder or ".")
         fd, tmp = tempfile.mkstemp(dir=folder or ".", prefix=name + ".", suffix=".tmp")
         os.close(fd)
         os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp's 0600, widened to what open() would have given
@@ -237,6 +242,35 @@ def write_file(path, write):
         if isinstance(e, OSError) and e.filename in (None, "", tmp):  # the one-line report names the file
             raise OSError(e.errno, e.strerror, path) from None
         raise
+
+
+TMP = re.compile(r".+\.[a-z0-9_]{8}\.tmp")  # write_file's temporary names: mkstemp's 8 random characters
+STALE_S = 60  # a temporary file untouched this long is a killed writer's: a live one writes it within a second
+
+
+def remove_stale_tmp(folder):
+    """The temporary files a killed writer left in folder (a geometry.py killed mid-figure), removed by the next
+    writer there: only write_file's names, and only those untouched for STALE_S seconds, so never a live writer's."""
+    with suppress(OSError):
+        for f in os.listdir(folder):
+            p = os.path.join(folder, f)
+            if TMP.fullmatch(f) and time.time() - _mtime(p) > STALE_S and os.path.isfile(p):
+                with suppress(OSError):
+                    os.remove(p)
+
+
+def stdout_fault(e):
+    """A print's "No space left on device" names no file: stdout's, when stdout refuses even an empty write
+    (`> /dev/full`) or its disk is full, is said so, naming where stdout goes. Else None."""
+    if not isinstance(e, OSError) or e.filename or e.errno != errno.ENOSPC:
+        return None
+    try:
+        os.write(1, b"")
+        full = os.fstatvfs(1).f_bavail == 0
+    except OSError as err:
+        full = err.errno == errno.ENOSPC
+    where = os.path.realpath("/proc/self/fd/1") if os.path.exists("/proc/self/fd/1") else "its file"
+    return f"stdout ({where}) is full: {e.strerror}" if full else None
 
 
 def write_text(path, text):
@@ -274,6 +308,10 @@ def check_out_dir(path, flag="--out_dir"):
     """Before any work: say in one line why files cannot be written under path (creates nothing)."""
     p = os.path.abspath(path)
     while not os.path.exists(p):  # the folder that would hold the new ones
+        if os.path.islink(p):  # a link to nowhere: os.makedirs would say only "File exists"
+            to = os.path.join(os.path.dirname(p), os.readlink(p))  # a link there too: a loop
+            raise ValueError(f"{flag} {path}: cannot write there ({p} is a symbolic link to {os.readlink(p)}, "
+                             f"{'a loop of links' if os.path.lexists(to) else 'which does not exist'})")
         p = os.path.dirname(p)
     if not os.path.isdir(p) or not os.access(p, os.W_OK | os.X_OK):
         what = "a file" if os.path.isfile(p) else "not writable"
@@ -387,6 +425,16 @@ def set_aside(out_dir):
         os.replace(f, os.path.join(aside, os.path.basename(f)))
 
 
+def set_aside_note(out_dir):
+    """Where a folder's ckpt.pt is missing because an --overwrite run was killed (kill -9, power) before its first
+    checkpoint: where the old run is, and the command that puts it back (as the next train.py run there would)."""
+    aside = os.path.join(out_dir or ".", ".replaced")
+    if not os.path.exists(os.path.join(aside, "ckpt.pt")):
+        return ""
+    return (f"(an --overwrite run killed before its first checkpoint left the run it replaced in {aside}: restore "
+            f"it with `mv {shlex.quote(aside)}/* {shlex.quote(out_dir or '.')}/ && rmdir {shlex.quote(aside)}`)")
+
+
 def settle_aside(out_dir, keep_new):
     """Delete the old run set aside (keep_new: the new run saved a checkpoint or finished), or put it back in
     place of the new run's files (it ended before its first checkpoint). Nothing set aside: nothing to do."""
@@ -405,21 +453,16 @@ def settle_aside(out_dir, keep_new):
 # requests the machine's memory cannot hold: refused in a line before they allocate, not ended by the kernel
 
 
-def machine_memory(device):
-    """Bytes the tensors on `device` can use: the GPU's memory, else the machine's (0: unknown, nothing refused)."""
+def machine_memory(device):  # bytes: the GPU's memory, else the machine's (0: unknown, then nothing is refused)
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 0
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
 
 
 def token_bytes(mc, backward, itemsize=4):
-    """At least the bytes one token of a batch holds in a forward pass (backward: and what its backward keeps). A
-    transformer's training step measured 17 d_model floats a layer and token (bijection, 4,000 sequences: 26 KB a
-    token); the floor taken is half that, so that only what cannot fit is refused; a model without d_model counts
-    its outputs and the batch's ids, targets and mask only."""
+    """At least the bytes a token holds in a forward pass (backward: and what its backward keeps): half of the 17
+    d_model floats a layer that a transformer's training step measured (bijection, 4,000 sequences: 26 KB a token),
+    so only what cannot fit is refused; without a d_model, the outputs and the batch's ids, targets and mask."""
     width, layers = mc.get("d_model") or 0, mc.get("n_layer") or 1
     outs = mc.get("n_classes") or mc.get("vocab_size") or 2
     return itemsize * ((8 if backward else 2) * width * layers + 2 * outs) + 24
@@ -435,8 +478,7 @@ def check_memory(flag, need, device, fix):
 
 
 def check_run_memory(cfg, mc, train_len, eval_tasks, device):
-    """train.py's two requests before it allocates: a training step (--batch_size sequences of the task's length,
-    set by its options) and an evaluation pass (--eval_batch_size of at most 250 sequences, --eval_K's lengths)."""
+    """train.py's two requests, before it allocates: a training step (--batch_size) and an evaluation pass."""
     train, opts = cfg["train"], " ".join(f"--{k} {v}" for k, v in cfg["task_opts"].items())
     B, per_pass = train["batch_size"], min(train["eval_batch_size"] or 250, 250, train["eval_samples"])
     check_memory(f"--batch_size {B} of {train_len}-token sequences" + (f" ({opts})" if opts else ""),

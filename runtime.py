@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoints import (check_out_dir, lock_out_dir, print0, run_files, run_tmp_files, save_checkpoint, set_aside,
-                         settle_aside, snapshot_steps, unlock_out_dir)
+                         settle_aside, snapshot_steps, stdout_fault, unlock_out_dir)
 
 VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_at reached, not finite, it failed
 RENDEZVOUS_S = 300  # how long the processes of a torchrun run wait for each other to start
@@ -420,7 +420,7 @@ def fault(e):
         return "interrupted"
     if is_oom(e):
         return "out of memory " + getattr(e, "hint", "(try a smaller --batch_size or model)")
-    return f"{e.filename}: {e.strerror}" if e.filename else str(e)
+    return stdout_fault(e) or (f"{e.filename}: {e.strerror}" if e.filename else str(e))
 
 
 def is_oom(e):

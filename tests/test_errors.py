@@ -4,6 +4,8 @@ import contextlib
 import itertools
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -244,3 +246,50 @@ def test_a_long_evaluation_says_how_long(monkeypatch, capsys):
     model = Flat()
     train.evaluate(model, task, 2000, 0, torch.device("cpu"), contextlib.nullcontext(), flag="--eval_samples_during")
     assert "--eval_samples_during 2000: about" in capsys.readouterr().out
+
+
+# -----------------------------------------------------------------------------
+# unclear lines made clear: the cause and the way out
+
+def test_a_run_set_aside_by_a_killed_overwrite_is_named_with_its_restore(tmp_path, capsys):
+    # before: "no checkpoint at .../ckpt.pt (train first ...)", not a word of the old run in .replaced/
+    import geometry
+    (tmp_path / ".replaced").mkdir()
+    (tmp_path / ".replaced" / "ckpt.pt").write_bytes(b"old run")
+    for main, argv in [(train.main, ["--task", "hmm", "--resume", "--out_dir", str(tmp_path)]),
+                       (train.main, ["--task", "hmm", "--eval_only", "--out_dir", str(tmp_path)]),
+                       (geometry.main, ["values", "--ckpt", str(tmp_path)])]:
+        assert exit_code(main, argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"`mv {tmp_path}/.replaced/* {tmp_path}/ && rmdir " in err, err
+
+
+@pytest.mark.parametrize("target, words", [("loop", "a loop of links"), ("elsewhere", "which does not exist")])
+def test_an_out_dir_that_is_a_link_to_nowhere_is_named(tmp_path, target, words, capsys):
+    # before: "File exists at step 0"
+    os.symlink(tmp_path / target, tmp_path / "loop")
+    assert exit_code(train.main, ["--task", "bijection", "--max_iters", "0", "--out_dir", str(tmp_path / "loop")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{tmp_path / 'loop'} is a symbolic link" in err and words in err, err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_stdout_to_dev_full_is_named(tmp_path):
+    # before: "[Errno 28] No space left on device", naming nothing
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "import sys, runtime; runtime.cli(lambda: print('x') or sys.stdout.flush() or 0, 'x.py', 'kept')"
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-c", code], cwd=here, stdout=full, stderr=subprocess.PIPE, text=True)
+    assert p.returncode == 1 and p.stderr.strip() == "x.py: error: stdout (/dev/full) is full: No space left on " \
+                                                     "device; kept", p.stderr
+
+
+def test_a_killed_writers_temporary_files_are_removed_by_the_next(tmp_path):
+    # geometry.py killed mid-figure left geometry_values.png.<random>.tmp, which nothing removed
+    old, live, other = (tmp_path / n for n in ("geometry_values.png.k2_x9abc.tmp", "ckpt.pt.a1b2c3d4.tmp", "my.tmp"))
+    for f in (old, live, other):
+        f.write_text("")
+    os.utime(old, (time.time() - 120,) * 2)
+    os.utime(other, (time.time() - 120,) * 2)
+    checkpoints.write_text(str(tmp_path / "geometry_values.json"), "{}")
+    assert not old.exists() and live.exists() and other.exists()  # a live writer's, and a file of the user's, kept
