@@ -1,6 +1,7 @@
 """Drawing batches for training: the worked examples in the task docstrings, the HMM header grid,
 the masked losses, where batches are drawn, the tasks' options. The CUDA tests (batches drawn on the GPU, and no host
 sync in a training step) skip without a GPU."""
+import dataclasses
 import inspect
 import math
 
@@ -12,6 +13,7 @@ import hardware
 import tasks
 import presets
 import runtime
+import train
 from oracles import hmm_filter
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -274,3 +276,65 @@ def test_hop_is_deterministic_and_fresh():
 def test_hop_bad_options(opts, match):
     with pytest.raises(ValueError, match=match):
         tasks.make_task("hop", **opts)
+
+
+# -----------------------------------------------------------------------------
+# the paper's setup, pinned: a default or a hand-over that drifts fails here, not silently in a table
+
+def test_every_task_hands_a_model_these_io_fields():
+    # what a task tells its model (tasks.IO_FIELDS), task by task at its defaults: a changed value, or a field
+    # added or dropped, changes every model built for it
+    assert tasks.IO_FIELDS == ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")
+    want = dict(bijection=(40, 0, 20, 20, False), hmm=(110, 0, 5, None, False), regression=(0, 10, 2, None, True),
+                recall=(517, 0, 256, 261, False), hop=(259, 0, 256, 3, False))
+    assert set(want) == set(tasks.TASKS)
+    for name, values in want.items():
+        task = tasks.make_task(name)
+        assert tuple(getattr(task, k) for k in tasks.IO_FIELDS) == values, name
+        for model, (Config, _) in presets.MODELS.items():  # fill_io hands each built-in model the fields it has
+            names = {f.name for f in dataclasses.fields(Config)}
+            io = presets.fill_io(model, task, {}, task.seq_len)
+            assert {k: io[k] for k in tasks.IO_FIELDS if k in names} == dict(zip(tasks.IO_FIELDS, values)), \
+                (name, model)
+            assert {"vocab_size", "n_classes"} <= names and io.get("block_size", task.seq_len) == task.seq_len
+
+
+@pytest.mark.parametrize("task_name", ["bijection", "recall", "hop"])
+def test_the_transformer_reads_answers_off_the_answer_tokens_embeddings(task_name):
+    # the paper's tied head: logits = h @ (the C answer tokens' embedding rows)^T, no head of its own, by default
+    assert presets.TransformerConfig.tie_head is True and presets.TransformerConfig.head_vocab is False
+    cfg = presets.build_config(task_name, "transformer", "quick", dict(d_model=16, n_layer=1, n_head=2))
+    torch.manual_seed(0)
+    task, _, model, _, _ = train.build(cfg, torch.device("cpu"))
+    assert model.tied and not any("head" in n for n, _ in model.named_parameters())
+    x = task.sample(2, torch.Generator().manual_seed(0)).x
+    _, inside = model(x, return_internals=True)
+    C, a = task.n_classes, task.answer_offset
+    torch.testing.assert_close(model(x), inside["final"] @ model.wte.weight[a:a + C].T)
+
+
+def test_recall_values_have_a_vocabulary_of_their_own():
+    # keys and values are different tokens: value j is token 5 + key_vocab + j, the answers are the values
+    task = tasks.make_task("recall")
+    assert (task.n_pairs, task.key_vocab, task.value_vocab) == (64, 256, 256)
+    assert task.answer_offset == 5 + task.key_vocab and task.n_classes == task.value_vocab
+    assert task.vocab_size == 5 + task.key_vocab + task.value_vocab
+    b = task.sample(4, torch.Generator().manual_seed(0))
+    keys = (b.x >= 5) & (b.x < task.answer_offset)
+    values = b.x >= task.answer_offset
+    assert keys.any() and values.any() and (b.y[b.mask] < task.value_vocab).all()
+    stored = [set((row[v] - task.answer_offset).tolist()) for row, v in zip(b.x, values)]  # each row's values
+    assert all(set(y[m].tolist()) <= s for y, m, s in zip(b.y, b.mask, stored))  # the answer is a stored value
+
+
+def test_hmm_states_its_matrices_exactly_on_the_cents_grid():
+    # the authors' header: every row of T and E on the 2-decimal grid, floored at 0.05, summing to 1, and the
+    # oracle filters with those very numbers (discretize=True by default)
+    task = tasks.make_task("hmm")
+    assert task.discretize is True and (task.n_states, task.n_obs, task.K) == (5, 5, 20)
+    b = task.sample(64, torch.Generator().manual_seed(0))
+    S, O = task.n_states, task.n_obs
+    tc, ec = b.x[:, 1:1 + S * S].view(-1, S, S), b.x[:, 2 + S * S:2 + S * S + S * O].view(-1, S, O)
+    for cents, p in ((tc, b.latent["trans"]), (ec, b.latent["emit"])):
+        assert (cents.sum(-1) == 100).all() and (cents >= 5).all()
+        assert torch.equal(p, cents.double() / 100)
