@@ -433,16 +433,16 @@ class Fused:
         self.fn, self.compiled = fn, None
 
     def __call__(self, *args):
-        if self.compiled is None:
-            self.compiled = torch.compile(self.fn)
-        try:
-            return self.compiled(*args)
-        except Exception as e:
-            if self.compiled is self.fn:
-                raise
-            warnings.warn(f"mamba: torch.compile of the scan step failed ({type(e).__name__}); running it eager")
-            self.compiled = self.fn
-            return self.fn(*args)
+        if self.compiled is not self.fn:  # until compiling fails
+            try:
+                with warnings.catch_warnings():  # torch's own as it compiles (torch.jit's deprecation as it imports
+                    warnings.simplefilter("ignore")  # inductor, dynamo reading .grad as it traces), not this file's
+                    self.compiled = self.compiled or torch.compile(self.fn)
+                    return self.compiled(*args)
+            except Exception as e:
+                warnings.warn(f"mamba: torch.compile of the scan step failed ({type(e).__name__}); running it eager")
+                self.compiled = self.fn
+        return self.fn(*args)
 
 
 # what the sequential modes run: the steps, and the passes over (l, b, d) around the loop, which "compiled" fuses

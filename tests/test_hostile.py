@@ -702,3 +702,32 @@ def test_a_rank_whose_port_another_kind_of_server_holds_ends_on_a_signal(tmp_pat
         p.kill()
         server.close()
     assert p.returncode == 2 and err == "train.py: error: interrupted; nothing was written (training had not started)"
+
+
+# -----------------------------------------------------------------------------
+# PYTHONWARNINGS=error: torch's own warnings while it compiles Mamba's scan step are not a traceback
+
+@pytest.mark.skipif(cpp_compiler() is None, reason="inductor needs a C++ compiler on the CPU")
+def test_mambas_compiled_scan_step_under_pythonwarnings_error():
+    # before: torch.compile imported torch.utils.mkldnn, whose torch.jit.script_method deprecation (torch's own)
+    # became a traceback; and dynamo reading .grad as it traced made compiling "fail", then mamba's own warning
+    import subprocess
+    import sys
+    code = ("import torch, mamba; f = mamba.Fused(lambda a, b: a * b + 1); x = torch.ones(3, requires_grad=True); "
+            "f(x, x.detach()).sum().backward(); print(f.compiled is not f.fn, x.grad.tolist())")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, timeout=300,
+                       env=os.environ | {"PYTHONWARNINGS": "error", "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0 and p.stdout.split() == ["True", "[1.0,", "1.0,", "1.0]"], p.stderr[-2000:]
+
+
+def test_geometry_figures_under_warnings_as_errors(tmp_path):
+    # matplotlib's warnings (a legend with nothing to label, a log scale over no positive value) as errors
+    import geometry
+    out = str(tmp_path / "run")
+    assert train.main(["--task", "bijection", "--model", "transformer", "--V", "6", "--d_model", "16", "--n_layer",
+                       "2", "--n_head", "2", "--max_iters", "4", "--eval_interval", "2", "--ckpt_schedule", "log",
+                       "--eval_samples", "8", "--eval_samples_during", "8", "--out_dir", out]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert geometry.main(["all", "--ckpt", out, "--n_seq", "8"]) == 0
