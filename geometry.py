@@ -55,10 +55,10 @@ from geometry_attention import (KEY_TASKS, ablate, ablate_figures, dynamics, dyn
                                 keys_figures, qk, qk_figures, trajectory)
 from geometry_stats import (BELIEF_EPS, abs_corr, belief_figures, belief_kl, claims, clusters_figures, final_streams,
                             manifold_stats, probe, r2, state_clusters, subsample, values_figures)
-from oracles import entropy_bits, oracle
+from oracles import entropy_bits, held_out, oracle
 from presets import Parser
 from runtime import cli, fault, pyplot, seed_arg
-from tasks import held_out, make_task
+from tasks import make_task
 from transformer import Transformer
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "trajectory", "ablate", "clusters", "belief")  # `all`'s order

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from checkpoints import build_model, ckpt_path, load, load_checkpoint
-from geometry_stats import (AUTHORS_DENSE, final_streams, frame_ratio, jlens_mae, jlens_tokens, js_bits,
+from geometry_stats import (AUTHORS_DENSE, concentration, final_streams, frame_ratio, jlens_mae, jlens_tokens,
                             manifold_stats, offdiag_abs_cos, offdiag_cos, value_protocols)
-from oracles import Metrics, entropy_bits, oracle
+from oracles import entropy_bits, entropy_mae, js_bits, key_positions_mae, oracle
 from transformer import Transformer, attn_bias
 
 KEY_TASKS = ("bijection", "hmm", "recall", "hop")  # tasks with hypothesis tokens (hypothesis_tokens)
@@ -252,45 +252,11 @@ def qk_figures(r):
 # ablate: the layers and heads the model cannot do without, and the frame head
 
 
-def entropy_mae(model, task, batch, **kw):
-    m = Metrics()
-    x = batch.x.double() if batch.x.is_floating_point() else batch.x  # real inputs (regression) meet a float64 model
-    m.update(task, batch, model(x, **kw))
-    return {k: v for k, v in m.result(task).items() if not isinstance(v, list) and k != "n_sequences"}
-
-
-def key_positions_mae(model, task, batch, **kw):
-    """The bijection query layout's per-token MAE at its key positions only, its final query (the recall of a
-    seen key) left out: the authors' statistic for that layout (jlens reconcile_frame_head.py,
-    paired_calibration_mae: every prefix k1 v1 .. k_t, the entropy at k_t against log2(V - t + 1))."""
-    keys = batch.mask.clone()
-    keys[:, -1] = False
-    H_model = entropy_bits(F.softmax(task.answers(model(batch.x, **kw)).double(), -1)[keys])
-    return (H_model - entropy_bits(oracle(task, batch)[keys])).abs().mean().item()
-
-
 def masked(c, layer, head=None):
     """The (n_layer, n_head) head_mask that silences one head of a layer (every head of it: head None)."""
     mask = torch.ones(c.n_layer, c.n_head, dtype=torch.float64)
     mask[layer, slice(None) if head is None else head] = 0
     return mask
-
-
-def concentration(delta):
-    """The frame-head criterion of the authors' jlens reconcile_frame_head.py: the heads {"L{l}H{h}": damage},
-    damage = entropy MAE with the head masked - without, ranked over every layer: the top and second heads,
-    `top_over_second` = top / max(second, 1e-9), a `single_head_concentrated` top when >= 2, the heads above
-    half the top's damage, and layer 0's top (`l0_top`); the same ratio within layer 0 (`l0_*`)."""
-    rank = lambda heads: sorted(heads, key=delta.get, reverse=True)
-    out = {}
-    for prefix, ranked in (("", rank(delta)), ("l0_", rank([h for h in delta if h.startswith("L0H")]))):
-        top, second = ranked[0], ranked[1] if len(ranked) > 1 else None
-        ratio = delta[top] / max(delta[second], 1e-9) if second else None
-        out |= {f"{prefix}top_head": top, f"{prefix}top_delta": delta[top], f"{prefix}second_head": second,
-                f"{prefix}second_delta": delta[second] if second else None, f"{prefix}top_over_second": ratio,
-                f"{prefix}single_head_concentrated": bool(second and delta[top] >= 2 * delta[second])}
-    return out | dict(n_heads_above_half_top=sum(v > 0.5 * out["top_delta"] for v in delta.values()),
-                      l0_top=out["l0_top_head"])
 
 
 def ablate(model, task, batch, state, args):

@@ -9,7 +9,6 @@ the way their scripts do, so that our numbers and theirs stand side by side.
   manifold_stats (all three on one set of representations against the posterior entropy H);
 - silhouette (b - a) / max(a, b), its permutation null (silhouette_null), Lloyd's k-means from k-means++
   seedings (kmeans), the adjusted Rand index (adjusted_rand_index), and state_clusters, which joins them;
-- js_bits: the Jensen-Shannon divergence in bits, in [0, 1];
 - ridge and probe: the belief probe's ridge regression, its strength chosen on held-out sequences; r2: pooled R^2;
   belief_kl: its KL from the true belief in bits.
 
@@ -30,12 +29,12 @@ The frame ratio (jlens run_phase5.py:72-111): a J-space is the top-8 eigenvector
 0's output and each key position with a later one; frame_ratio = the J-spaces' mean ||U^T W||_F^2 / min(8, V)
 with the final model's frame W (geometry_attention.frame_basis), over the same for 500 random 8-dim subspaces
 (float32 draws, seed 123). Their batch: 256 sequences of python random.Random(444) (data_gen.py:105-202).
+The frame head (concentration, jlens reconcile_frame_head.py): how far ablate's most damaging head leads the rest.
 Last, from the diagnostics' numbers: the headline figures of values, clusters and belief (geometry.FIGURES), and
 the claims table's spread of figures over seeds (claims).
 """
 import copy
 from functools import partial
-import math
 import random
 import time
 
@@ -193,13 +192,6 @@ def state_clusters(X, states, k, max_points=3000, n_perm=200, seed=42):
     km = kmeans(Z, k)
     return silhouette_null(Z, states[sub], n_perm) | dict(
         kmeans_k=k, kmeans_ari=adjusted_rand_index(km, states[sub]), kmeans_silhouette=silhouette(Z, km))
-
-
-def js_bits(p, q):
-    """Jensen-Shannon divergence in bits between distributions on the last dim, in [0, 1]."""
-    m = (p + q) / 2
-    kl = lambda a: torch.where(a > 0, a * (a.log() - m.log()), torch.zeros_like(a)).sum(-1)
-    return (kl(p) + kl(q)) / (2 * math.log(2))
 
 
 # -----------------------------------------------------------------------------
@@ -426,6 +418,23 @@ def jlens_ratio(grams, frame, rank=8, n_null=500):
     nulls = torch.linalg.qr(torch.randn(n_null, frame.shape[0], rank, generator=g).double()).Q
     obs, null = sum(map(overlap, Us)) / len(Us), sum(map(overlap, nulls)) / n_null
     return dict(frame_ratio=obs / null, overlap=obs, null_overlap=null, n_jspaces=len(Us))
+
+def concentration(delta):
+    """The frame-head criterion of the authors' jlens reconcile_frame_head.py: the heads {"L{l}H{h}": damage},
+    damage = entropy MAE with the head masked - without, ranked over every layer: the top and second heads,
+    `top_over_second` = top / max(second, 1e-9), a `single_head_concentrated` top when >= 2, the heads above
+    half the top's damage, and layer 0's top (`l0_top`); the same ratio within layer 0 (`l0_*`)."""
+    rank = lambda heads: sorted(heads, key=delta.get, reverse=True)
+    out = {}
+    for prefix, ranked in (("", rank(delta)), ("l0_", rank([h for h in delta if h.startswith("L0H")]))):
+        top, second = ranked[0], ranked[1] if len(ranked) > 1 else None
+        ratio = delta[top] / max(delta[second], 1e-9) if second else None
+        out |= {f"{prefix}top_head": top, f"{prefix}top_delta": delta[top], f"{prefix}second_head": second,
+                f"{prefix}second_delta": delta[second] if second else None, f"{prefix}top_over_second": ratio,
+                f"{prefix}single_head_concentrated": bool(second and delta[top] >= 2 * delta[second])}
+    return out | dict(n_heads_above_half_top=sum(v > 0.5 * out["top_delta"] for v in delta.values()),
+                      l0_top=out["l0_top_head"])
+
 
 # -----------------------------------------------------------------------------
 # the claims table's figures over seeds of one recipe (geometry.py seeds)

@@ -18,7 +18,9 @@ Categorical oracles are (B, T, C) probabilities (zero rows at unscored positions
 returns (mean, var), each (B, T) (0 and 1 at unscored positions).
 
 `Metrics` compares a model's predictions with these over evaluation batches, in bits (its
-docstring defines each metric). Entropies of Gaussians are differential: H = 1/2 log2(2 pi e var).
+docstring defines each metric); entropy_mae and key_positions_mae, a model's on one batch (geometry.py's
+ablations). Entropies of Gaussians are differential: H = 1/2 log2(2 pi e var); js_bits is the Jensen-Shannon
+divergence in bits.
 """
 import math
 
@@ -171,6 +173,13 @@ def true_answer(task, batch):
     return batch.y
 
 
+def js_bits(p, q):
+    """Jensen-Shannon divergence in bits between distributions on the last dim, in [0, 1]."""
+    m = (p + q) / 2
+    kl = lambda a: torch.where(a > 0, a * (a.log() - m.log()), torch.zeros_like(a)).sum(-1)
+    return (kl(p) + kl(q)) / (2 * LOG2)
+
+
 class Metrics:
     """Accumulates model-vs-oracle statistics over evaluation batches; `result()` gives, in bits:
     - mae_curve: the paper's "mean-curve" entropy MAE: average model and oracle entropy over
@@ -232,3 +241,35 @@ class Metrics:
             r.update(accuracy_by_slot=(self.by_slot[0] / self.by_slot[1].clamp(min=1)).tolist())
         r.update(curve_model=cm.tolist(), curve_oracle=co.tolist())
         return r
+
+
+# -----------------------------------------------------------------------------
+# geometry.py's held-out batch, and a model's metrics on one batch (its ablations and dynamics)
+
+
+def entropy_mae(model, task, batch, **kw):
+    """The metrics of model(x, **kw) on one batch, without the curves (geometry.py's ablations)."""
+    m = Metrics()
+    x = batch.x.double() if batch.x.is_floating_point() else batch.x  # real inputs (regression) meet a float64 model
+    m.update(task, batch, model(x, **kw))
+    return {k: v for k, v in m.result(task).items() if not isinstance(v, list) and k != "n_sequences"}
+
+
+def key_positions_mae(model, task, batch, **kw):
+    """The bijection query layout's per-token MAE at its key positions only, its final query (the recall of a
+    seen key) left out: the authors' statistic for that layout (jlens reconcile_frame_head.py,
+    paired_calibration_mae: every prefix k1 v1 .. k_t, the entropy at k_t against log2(V - t + 1))."""
+    keys = batch.mask.clone()
+    keys[:, -1] = False
+    H_model = entropy_bits(F.softmax(task.answers(model(batch.x, **kw)).double(), -1)[keys])
+    return (H_model - entropy_bits(oracle(task, batch)[keys])).abs().mean().item()
+
+
+def held_out(task, n, seed, draw=250):
+    """The first n sequences of train.evaluate's held-out stream (geometry.py's batch): from `seed`, `draw` at a
+    time (its batch_size), as one tasks.Batch."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [task.sample(draw, g) for _ in range(-(-n // draw))]
+    cat = lambda ts: torch.cat(list(ts))[:n]
+    return type(parts[0])(cat(b.x for b in parts), cat(b.y for b in parts), cat(b.mask for b in parts),
+                          {k: cat(b.latent[k] for b in parts) for k in parts[0].latent})

@@ -1,12 +1,11 @@
 """
 The Bayesian wind tunnels: tasks whose exact posterior is known at every position.
 
-Every sequence draws fresh latent parameters (a permutation, an HMM, a weight vector, a
-key-value binding, a set of chains), so the hypothesis space cannot be memorised and the model
-must infer in context. Each task is a small dataclass with a `name`: its fields are the options
-(`make_task(name, **opts)`), `sample(batch_size, generator)` returns a `Batch` (x, y, mask and
-the latent parameters), and `loss(out, batch)` is the training loss; `Task` lists the attributes
-that size a model's input and output.
+Every sequence draws fresh latent parameters (a permutation, an HMM, a weight vector, a key-value binding, a set of
+chains), so the hypothesis space cannot be memorised and the model must infer in context. Each task is a small
+dataclass with a `name`: its fields are the options (`make_task(name, **opts)`), `sample(batch_size, generator)`
+returns a `Batch` (x, y, mask and the latent parameters), and `loss(out, batch)` is the training loss; `Task` lists
+the attributes that size a model's input and output.
 A batch is drawn on the generator's device: with a CUDA generator every tensor, the HMM's
 forward filter included, is made on the GPU, and no step reads a value back to the host (the loops
 run a fixed number of times), so drawing a batch never waits for the GPU.
@@ -522,15 +521,6 @@ def make_task(name, **overrides):
     if bad:
         raise ValueError(f"unknown option(s) {', '.join(bad)} for task {name!r}; valid options: {', '.join(valid)}")
     return TASKS[name](**overrides)
-
-
-def held_out(task, n, seed, draw=250):
-    """The first n sequences of train.evaluate's held-out stream: from `seed`, `draw` at a time (its batch_size)."""
-    g = torch.Generator().manual_seed(seed)
-    parts = [task.sample(draw, g) for _ in range(-(-n // draw))]
-    cat = lambda ts: torch.cat(list(ts))[:n]
-    return Batch(cat(b.x for b in parts), cat(b.y for b in parts), cat(b.mask for b in parts),
-                 {k: cat(b.latent[k] for b in parts) for k in parts[0].latent})
 
 
 # -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import checkpoints
 import geometry
 import geometry_attention
 import geometry_stats
+import oracles
 import presets
 import train
 from cli import exit_code
@@ -254,11 +255,11 @@ def test_planted_clusters_beat_the_null_and_k_means_finds_them():
 
 def test_frame_head_concentration():
     delta = {"L0H0": 0.1, "L0H1": 0.4, "L1H0": 0.15, "L1H1": 0.05}
-    c = geometry_attention.concentration(delta)
+    c = geometry_stats.concentration(delta)
     assert (c["top_head"], c["second_head"], c["l0_top"], c["l0_second_head"]) == ("L0H1", "L1H0", "L0H1", "L0H0")
     assert c["top_over_second"] == pytest.approx(0.4 / 0.15) and c["l0_top_over_second"] == pytest.approx(4)
     assert c["single_head_concentrated"] and c["n_heads_above_half_top"] == 1
-    c = geometry_attention.concentration({"L0H0": 0.1, "L0H1": 0.09, "L1H0": 0.3})
+    c = geometry_stats.concentration({"L0H0": 0.1, "L0H1": 0.09, "L1H0": 0.3})
     assert c["top_head"] == "L1H0" and c["l0_top"] == "L0H0" and not c["l0_single_head_concentrated"]
     assert c["n_heads_above_half_top"] == 1
 
@@ -266,7 +267,7 @@ def test_frame_head_concentration():
 def test_js_divergence():
     p = torch.tensor([[0.2, 0.8, 0.0], [1.0, 0.0, 0.0]], dtype=D)
     q = torch.tensor([[0.2, 0.8, 0.0], [0.0, 0.5, 0.5]], dtype=D)
-    assert torch.allclose(geometry_stats.js_bits(p, q), torch.tensor([0.0, 1.0], dtype=D))
+    assert torch.allclose(oracles.js_bits(p, q), torch.tensor([0.0, 1.0], dtype=D))
 
 
 def test_key_positions_mae_is_the_authors_paired_statistic_prefix_by_prefix():
@@ -282,7 +283,7 @@ def test_key_positions_mae_is_the_authors_paired_statistic_prefix_by_prefix():
         h = -(p * p.log2()).sum(-1)
         by_t.append((h - math.log2(task.V - t + 1)).abs().mean())
     with torch.no_grad():
-        got = geometry_attention.key_positions_mae(model, task, batch)
+        got = oracles.key_positions_mae(model, task, batch)
     assert got == pytest.approx(torch.stack(by_t).mean().item(), abs=1e-12)
 
 
