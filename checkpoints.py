@@ -478,11 +478,11 @@ def check_memory(flag, need, device, fix):
 
 
 def check_run_memory(cfg, mc, train_len, eval_tasks, device):
-    """train.py's two requests, before it allocates: a training step (--batch_size) and an evaluation pass."""
+    """train.py's requests, before it allocates: a training step (a process's --batch_size) and an evaluation pass."""
     train, opts = cfg["train"], " ".join(f"--{k} {v}" for k, v in cfg["task_opts"].items())
     B, per_pass = train["batch_size"], min(train["eval_batch_size"] or 250, 250, train["eval_samples"])
     check_memory(f"--batch_size {B} of {train_len}-token sequences" + (f" ({opts})" if opts else ""),
-                 B * train_len * token_bytes(mc, True), device,
+                 B // int(os.environ.get("WORLD_SIZE") or 1) * train_len * token_bytes(mc, True), device,
                  "use a smaller --batch_size" + (" or shorter sequences" if opts else ""))
     name, task = max(eval_tasks.items(), key=lambda kv: kv[1].seq_len)
     flag = f"--eval_K {name[1:]}" if name != "default" else f"evaluating {train_len}-token sequences"
