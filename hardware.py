@@ -110,7 +110,11 @@ def machine(threads, n=1024, reps=3):
     finally:
         torch.set_num_threads(saved)
     return dict(cpu=name, isa=isa, bf16=" ".join(bf16) or "no native bf16", threads=threads,
-                matmul_gflops=round(rate / 1e9, 1))
+                matmul_gflops=gflops(rate))
+
+
+def gflops(rate):  # FLOP/s -> GFLOP/s to 3 digits: a slow or contended matmul is 0.0312, not 0.0 (a divisor)
+    return float(f"{rate / 1e9:.3g}")
 
 
 def describe(m):
@@ -169,7 +173,7 @@ def bench_matmul(argv):
             p.error(str(e))
     m = machine(args.threads, args.n, args.reps)
     torch.set_num_threads(args.threads)
-    m["bf16_matmul_gflops"] = round(matmul_peak(torch.device("cpu"), torch.bfloat16, args.n, args.reps) / 1e9, 1)
+    m["bf16_matmul_gflops"] = gflops(matmul_peak(torch.device("cpu"), torch.bfloat16, args.n, args.reps))
     factor = scaled_time(1.0, args.ref_gflops, m["matmul_gflops"])
     print(f"CPU: {describe(m)}")
     print(f"bf16 matmul: {m['bf16_matmul_gflops']} GFLOP/s ({m['bf16_matmul_gflops'] / m['matmul_gflops']:.2f}x fp32)")

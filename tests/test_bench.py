@@ -100,3 +100,12 @@ def test_train_times_the_quick_size_unless_asked_and_says_what_it_will_run(monke
     assert "not timed: ('mlp', 'quick')" in out and "not timed: ('lstm', 'quick')" in out and "paper" not in out
     assert exit_code(bench.main, ["train", "--models", "mlp", "--sizes", "quick,paper"]) == 2
     assert "to run: 2 rows, mlp at the quick and paper sizes" in said[1]
+
+
+def test_a_slow_matmul_rate_is_not_rounded_to_zero(monkeypatch, capsys):
+    # a contended CPU timed --n 64 at under 0.05 GFLOP/s: rounded to 0.0, it was the divisor of the rule of thumb
+    # (ZeroDivisionError, a traceback)
+    import hardware
+    monkeypatch.setattr(hardware, "matmul_peak", lambda *a: 3.12e7)  # 0.0312 GFLOP/s
+    assert hardware.bench_matmul(["--n", "64", "--reps", "1", "--threads", "1"]) == 0
+    assert "0.0312 GFLOP/s fp32" in capsys.readouterr().out
