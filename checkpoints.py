@@ -84,9 +84,9 @@ def load_checkpoint(path):
     """A train.py checkpoint, checked as far as its weights (load_weights): its config builds its task and its
     model's config, the task's inputs and outputs are the model's, its step is a step. Anything else, however the
     file came to be (truncated, edited, another program's), is one ValueError naming it."""
-    if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {path} " + (set_aside_note(os.path.dirname(path))
-                                                        or "(train first, or pass the run's --out_dir)"))
+    if not os.path.isfile(path):  # a FIFO or a device: torch.load would wait for ever, or read without end
+        raise ValueError(f"{path} is not a regular file" if os.path.exists(path) else f"no checkpoint at {path} " +
+                         (set_aside_note(os.path.dirname(path)) or "(train first, or pass the run's --out_dir)"))
     # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
     bad = f"{path}: not a readable train.py checkpoint"
     try:

@@ -293,3 +293,14 @@ def test_a_killed_writers_temporary_files_are_removed_by_the_next(tmp_path):
     os.utime(other, (time.time() - 120,) * 2)
     checkpoints.write_text(str(tmp_path / "geometry_values.json"), "{}")
     assert not old.exists() and live.exists() and other.exists()  # a live writer's, and a file of the user's, kept
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_checkpoint_that_is_a_pipe_is_refused_not_waited_on(tmp_path, capsys):
+    # before: torch.load opened the FIFO and waited for a writer for ever
+    import geometry
+    os.mkfifo(tmp_path / "ckpt.pt")
+    for main, argv in [(train.main, ["--task", "bijection", "--resume", "--out_dir", str(tmp_path)]),
+                       (geometry.main, ["values", "--ckpt", str(tmp_path)])]:
+        assert exit_code(main, argv) == 2
+        assert f"{tmp_path / 'ckpt.pt'} is not a regular file" in capsys.readouterr().err
