@@ -438,8 +438,8 @@ def main(argv=None):
     p.add_argument("--no_plot", action="store_true", help="write the JSON only")
     args = p.parse_args(argv)
     try:
-        if args.n_seq < 2 or args.max_points < 2 or args.n_perm < 1 or args.frame_seqs < 0:
-            raise ValueError("--n_seq and --max_points must be >= 2, --n_perm >= 1, --frame_seqs >= 0")
+        if args.n_seq < 2 or args.max_points < 2 or args.n_perm < 1 or not 0 <= args.frame_seqs <= 256:
+            raise ValueError("--n_seq and --max_points must be >= 2, --n_perm >= 1, --frame_seqs in [0, 256] (theirs)")
         if not 0 <= args.settle <= 1:  # NaN too
             raise ValueError(f"--settle must be in [0, 1] (an attention similarity 1 - JS, in bits), got {args.settle}")
         model, task, state = load(args.ckpt)

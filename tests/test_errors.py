@@ -304,3 +304,10 @@ def test_a_checkpoint_that_is_a_pipe_is_refused_not_waited_on(tmp_path, capsys):
                        (geometry.main, ["values", "--ckpt", str(tmp_path)])]:
         assert exit_code(main, argv) == 2
         assert f"{tmp_path / 'ckpt.pt'} is not a regular file" in capsys.readouterr().err
+
+
+def test_frame_seqs_beyond_the_authors_batch_is_refused(tmp_path, capsys):
+    # before: trajectory used 256 of --frame_seqs 1000000000 silently, and dynamics drew all of them one by one
+    import geometry
+    assert exit_code(geometry.main, ["dynamics", "--ckpt", str(tmp_path), "--frame_seqs", "257"]) == 2
+    assert "--frame_seqs in [0, 256]" in capsys.readouterr().err
