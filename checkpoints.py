@@ -48,8 +48,8 @@ def snapshot_steps(schedule, n):
     every 500 to 5,000, every 1,000 to 10,000, then every 5,000; none for `last` and `eval`."""
     if schedule == "log":
         return {round(10 ** (i / 4)) for i in range(int(4 * math.log10(max(n, 1))) + 1)}
-    dense = [*range(100, 1000, 100), *range(1000, 5000, 500), *range(5000, 10000, 1000), *range(10000, n + 1, 5000)]
-    return {s for s in dense if s <= n} if schedule == "dense" else set()
+    return {s for s in [*range(100, 1000, 100), *range(1000, 5000, 500), *range(5000, 10000, 1000),  # dense only:
+                        *range(10000, n + 1, 5000)] if s <= n} if schedule == "dense" else set()  # n may be 10**20
 
 
 def print0(*args, **kwargs):

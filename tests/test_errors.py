@@ -311,3 +311,12 @@ def test_frame_seqs_beyond_the_authors_batch_is_refused(tmp_path, capsys):
     import geometry
     assert exit_code(geometry.main, ["dynamics", "--ckpt", str(tmp_path), "--frame_seqs", "257"]) == 2
     assert "--frame_seqs in [0, 256]" in capsys.readouterr().err
+
+
+def test_a_huge_max_iters_builds_no_dense_schedule_it_does_not_use():
+    # before: --max_iters 10**23 (any --ckpt_schedule) built the dense schedule's list first: OverflowError, and
+    # at 10**12 steps a list of 2e8 steps
+    assert checkpoints.snapshot_steps("eval", 10 ** 23) == set() == checkpoints.snapshot_steps("last", 10 ** 23)
+    assert {1, 2, 3, 6, 10, 18, 32, 56, 100} < checkpoints.snapshot_steps("log", 10 ** 23)
+    assert checkpoints.snapshot_steps("dense", 12000) == {*range(100, 1000, 100), *range(1000, 5000, 500),
+                                                          *range(5000, 10000, 1000), 10000}
