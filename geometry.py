@@ -468,9 +468,7 @@ def main(argv=None):
         if batch.x.is_floating_point():  # regression's real inputs, for the float64 model
             batch.x = batch.x.double()
         plt = None if args.no_plot else pyplot()
-        if plt is not None:
-            plt.rcParams["figure.constrained_layout.use"] = True
-        elif not args.no_plot:  # the figures are optional, the JSON is not
+        if plt is None and not args.no_plot:  # the figures are optional, the JSON is not
             print("matplotlib is not installed: writing the JSON only")
         stem = os.path.splitext(os.path.basename(path))[0]
         for n in names:
@@ -482,7 +480,8 @@ def main(argv=None):
             figures = {k: v for k, v in FIGURES[n](r).items() if v is not None} if n in FIGURES else {}  # for seeds
             write_json(base + ".json", to_json(head | r | dict(figures=figures)))
             if plt is not None:
-                fig = draw(plt)
+                with plt.rc_context({"figure.constrained_layout.use": True}):  # these figures', not the process's:
+                    fig = draw(plt)  # a later tight_layout (conditioning.py, reproduce.py) would warn of the switch
                 write_file(base + ".png", lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
                 plt.close(fig)
             print(f"wrote {base}.json" + (" and .png" if plt is not None else ""))

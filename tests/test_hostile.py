@@ -728,6 +728,15 @@ def test_geometry_figures_under_warnings_as_errors(tmp_path):
     assert train.main(["--task", "bijection", "--model", "transformer", "--V", "6", "--d_model", "16", "--n_layer",
                        "2", "--n_head", "2", "--max_iters", "4", "--eval_interval", "2", "--ckpt_schedule", "log",
                        "--eval_samples", "8", "--eval_samples_during", "8", "--out_dir", out]) == 0
+    import matplotlib
+    import matplotlib.pyplot as plt
+    was = matplotlib.rcParams["figure.constrained_layout.use"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert geometry.main(["all", "--ckpt", out, "--n_seq", "8"]) == 0
+        # before: geometry.py turned constrained layout on for the whole process, so a later figure's tight_layout
+        # (conditioning.py's, reproduce.py's, in one test session) warned "The figure layout has changed to tight"
+        assert matplotlib.rcParams["figure.constrained_layout.use"] == was
+        fig = plt.figure()
+        fig.tight_layout()
+        plt.close(fig)
