@@ -480,10 +480,10 @@ def check_memory(flag, need, device, fix):
 def check_run_memory(cfg, mc, train_len, eval_tasks, device):
     """train.py's requests, before it allocates: a training step (a process's --batch_size) and an evaluation pass."""
     train, opts = cfg["train"], " ".join(f"--{k} {v}" for k, v in cfg["task_opts"].items())
-    B, per_pass = train["batch_size"], min(train["eval_batch_size"] or 250, 250, train["eval_samples"])
-    check_memory(f"--batch_size {B} of {train_len}-token sequences" + (f" ({opts})" if opts else ""),
-                 B // int(os.environ.get("WORLD_SIZE") or 1) * train_len * token_bytes(mc, True), device,
-                 "use a smaller --batch_size" + (" or shorter sequences" if opts else ""))
+    per_pass = min(train["eval_batch_size"] or 250, 250, max(train["eval_samples"], train["eval_samples_during"]))
+    check_memory(f"--batch_size {train['batch_size']} of {train_len}-token sequences" + f" ({opts})" * bool(opts),
+                 train["batch_size"] // int(os.environ.get("WORLD_SIZE") or 1) * train_len * token_bytes(mc, True),
+                 device, "use a smaller --batch_size" + (" or shorter sequences" if opts else ""))
     name, task = max(eval_tasks.items(), key=lambda kv: kv[1].seq_len)
     flag = f"--eval_K {name[1:]}" if name != "default" else f"evaluating {train_len}-token sequences"
     check_memory(f"{flag} ({task.seq_len} tokens a sequence, {per_pass} a pass)",
