@@ -19,8 +19,10 @@ returns (mean, var), each (B, T) (0 and 1 at unscored positions).
 
 `Metrics` compares a model's predictions with these over evaluation batches, in bits (its
 docstring defines each metric). Entropies of Gaussians are differential: H = 1/2 log2(2 pi e var).
+`StopRule` reads a run's held-out metrics to end it (--stop_at, --patience).
 """
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -232,3 +234,46 @@ class Metrics:
             r.update(accuracy_by_slot=(self.by_slot[0] / self.by_slot[1].clamp(min=1)).tolist())
         r.update(curve_model=cm.tolist(), curve_oracle=co.tolist())
         return r
+
+
+def parse_stop(spec, task):
+    """--stop_at: 'metric<=x' or 'metric>=x' -> a test of an evaluation's metrics; '' -> None."""
+    if not spec:
+        return None
+    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
+    try:
+        x = float(m.group(3)) if m else None
+    except ValueError:
+        x = None
+    if x is not None and not math.isfinite(x):
+        raise ValueError(f"--stop_at {spec!r}: the threshold must be a finite number, got {x}")
+    if x is None:
+        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
+                         "mae_curve, mae_token, kl, accuracy and X a finite number")
+    name, op = m.group(1), m.group(2)
+    if name == "accuracy" and task.gaussian:
+        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
+    return lambda r: name in r and (r[name] <= x if op == "<=" else r[name] >= x)
+
+
+class StopRule:
+    """When a run's held-out evaluations end it: at --stop_at's target, or after --patience evaluations in a row whose
+    KL is not 1% below the best before them (the evaluations reuse one set of sequences, so a change is the model's).
+    rule(r) -> why to stop now, or None; a resumed run's history is counted first."""
+
+    def __init__(self, train, task, history=()):
+        self.spec, self.target, self.patience = train["stop_at"], parse_stop(train["stop_at"], task), train["patience"]
+        self.what = " or ".join([self.spec] * bool(self.spec) + ["a plateau"] * bool(self.patience))  # for eta lines
+        self.best, self.since = math.inf, 0
+        for r in history:
+            self(r)
+        self.reason = None
+
+    def __call__(self, r):
+        self.best, self.since = (r["kl"], 0) if r["kl"] < 0.99 * self.best else (self.best, self.since + 1)
+        self.reason = None
+        if self.target is not None and self.target(r):
+            self.reason = f"reached {self.spec}"
+        elif self.patience and self.since >= self.patience:
+            self.reason = f"plateau: KL not 1% below {self.best:.4g} in {self.patience} evaluations"
+        return self.reason
