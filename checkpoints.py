@@ -330,7 +330,7 @@ def check_out_file(path, flag):
 HOW_IT_RAN = {"out_dir", "device", "dtype", "compile", "data_device", "data_chunk", "log_interval", "ckpt_schedule",
               "resume", "overwrite", "eval_only"}
 EVALUATION = {"eval_interval", "eval_samples", "eval_samples_during", "eval_batch_size", "eval_seed",
-              "eval_seed_during", "eval_K", "stop_at"}
+              "eval_seed_during", "eval_K", "stop_at", "patience"}
 
 
 def setting_differs(was, now, ignore=HOW_IT_RAN):

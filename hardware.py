@@ -12,7 +12,7 @@ paths work. bench.py's benchmarks and time_to_target.py stand on the first two; 
 - `bench.py gpu` (bench_gpu): a prepared check, pass or fail per cell, of the paths no CPU run confirms (bf16,
   torch.compile, the scan modes against the sequential loop, sync-free steps, NCCL, 16 GiB), in one process.
 """
-from dataclasses import fields, replace
+from dataclasses import replace
 import math
 import os
 import platform
@@ -198,11 +198,8 @@ class Skip(Exception):
 
 
 def gpu_config(task, model, preset, args, **given):
-    """build_config for a cell; under --dry_run at presets.TINY's sizes (reproduce.py's tiny cells)."""
-    if args.dry_run:
-        tiny, names = presets.TINY[task], {f.name for f in fields(presets.MODELS[model][0])}
-        given = tiny["train"] | tiny["task"] | {k: v for k, v in tiny["model"].items() if k in names} | given
-    return presets.build_config(task, model, preset, given | dict(device=args.device))
+    """build_config for a cell; under --dry_run the tiny preset's (reproduce.py's tiny cells)."""
+    return presets.build_config(task, model, "tiny" if args.dry_run else preset, given | dict(device=args.device))
 
 
 def train_cell(args, dev, task_name, model_name, preset, compile=False, evaluate=False):
@@ -399,7 +396,7 @@ def bench_gpu(argv):
     skipped on one; memory16, the largest cells (BIG_CELLS) with an evaluation, the process capped at 16 GiB.
     Prints a table (status, peak MB, tokens/s, seconds, a note per cell) and writes it to --json; exit code 1 if
     any cell failed. Without a GPU or Mac it says so (exit 2); `--device cpu --dry_run` runs the same plan on the
-    CPU at presets.TINY's sizes for 2 steps, so that the code path is tested without a GPU.
+    CPU at the tiny preset's sizes for 2 steps, so that the code path is tested without a GPU.
     """
     p = parser("gpu", bench_gpu)
     p.add_argument("--device", default="auto", help="auto | cuda | cuda:N | mps | cpu (with --dry_run) (default auto)")
@@ -407,7 +404,7 @@ def bench_gpu(argv):
     p.add_argument("--checks", default=",".join(GPU_CHECKS), help=f"comma-separated (default {','.join(GPU_CHECKS)})")
     p.add_argument("--models", default=",".join(presets.MODELS), help="comma-separated, for train and compile "
                    f"(default {','.join(presets.MODELS)})")
-    p.add_argument("--task", default="hmm", choices=list(presets.TINY),
+    p.add_argument("--task", default="hmm", choices=list(presets.PRESETS["tiny"]),
                    help="the task of train, compile and nccl (default hmm)")
     p.add_argument("--steps", type=int, default=0, help="timed training steps per cell (default 5; 2 with --dry_run)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")

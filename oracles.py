@@ -20,9 +20,10 @@ returns (mean, var), each (B, T) (0 and 1 at unscored positions).
 `Metrics` compares a model's predictions with these over evaluation batches, in bits (its
 docstring defines each metric); entropy_mae and key_positions_mae, a model's on one batch (geometry.py's
 ablations). Entropies of Gaussians are differential: H = 1/2 log2(2 pi e var); js_bits is the Jensen-Shannon
-divergence in bits.
+divergence in bits. `StopRule` reads a run's held-out metrics to end it (--stop_at, --patience).
 """
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -243,6 +244,12 @@ class Metrics:
         return r
 
 
+def batch_mae(task, batch, out):
+    """A training batch's per-token entropy MAE (bits), for train.py's progress line."""
+    (m := Metrics()).update(task, batch.to("cpu"), out.float())
+    return m.result(task)["mae_token"]
+
+
 # -----------------------------------------------------------------------------
 # geometry.py's held-out batch, and a model's metrics on one batch (its ablations and dynamics)
 
@@ -273,3 +280,50 @@ def held_out(task, n, seed, draw=250):
     cat = lambda ts: torch.cat(list(ts))[:n]
     return type(parts[0])(cat(b.x for b in parts), cat(b.y for b in parts), cat(b.mask for b in parts),
                           {k: cat(b.latent[k] for b in parts) for k in parts[0].latent})
+
+
+# -----------------------------------------------------------------------------
+# when a run's held-out evaluations end it: --stop_at, --patience
+
+
+def parse_stop(spec, task):
+    """--stop_at: 'metric<=x' or 'metric>=x' -> a test of an evaluation's metrics; '' -> None."""
+    if not spec:
+        return None
+    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
+    try:
+        x = float(m.group(3)) if m else None
+    except ValueError:
+        x = None
+    if x is not None and not math.isfinite(x):
+        raise ValueError(f"--stop_at {spec!r}: the threshold must be a finite number, got {x}")
+    if x is None:
+        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
+                         "mae_curve, mae_token, kl, accuracy and X a finite number")
+    name, op = m.group(1), m.group(2)
+    if name == "accuracy" and task.gaussian:
+        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
+    return lambda r: name in r and (r[name] <= x if op == "<=" else r[name] >= x)
+
+
+class StopRule:
+    """When a run's held-out evaluations end it: at --stop_at's target, or after --patience evaluations in a row whose
+    KL is not 1% below the best before them (the evaluations reuse one set of sequences, so a change is the model's).
+    rule(r) -> why to stop now, or None; a resumed run's history is counted first."""
+
+    def __init__(self, train, task, history=()):
+        self.spec, self.target, self.patience = train["stop_at"], parse_stop(train["stop_at"], task), train["patience"]
+        self.what = " or ".join([self.spec] * bool(self.spec) + ["a plateau"] * bool(self.patience))  # for eta lines
+        self.best, self.since = math.inf, 0
+        for r in history:
+            self(r)
+        self.reason = None
+
+    def __call__(self, r):
+        self.best, self.since = (r["kl"], 0) if r["kl"] < 0.99 * self.best else (self.best, self.since + 1)
+        self.reason = None
+        if self.target is not None and self.target(r):
+            self.reason = f"reached {self.spec}"
+        elif self.patience and self.since >= self.patience:
+            self.reason = f"plateau: KL not 1% below {self.best:.4g} in {self.patience} evaluations"
+        return self.reason

@@ -3,28 +3,31 @@ The paper's architecture comparison: every task x model, one train.py run per ce
 
     python reproduce.py                                # the quick preset, every task and model
     python reproduce.py --results results              # the same, and update the committed table
+    python reproduce.py --plan                         # each cell's steps and projected time; nothing trained
     python reproduce.py --preset paper                 # the paper's sizes; with GPUs, one cell per GPU
     python reproduce.py --tasks hmm --models lstm,mlp  # a part of the matrix
     python reproduce.py --table_only                   # rebuild the table from the finished cells
-    python reproduce.py -- --device cpu                # anything after -- goes to every train.py run
+    python reproduce.py -- --max_iters 50              # flags after -- go to every cell, in quick+max_iters=50/
     python reproduce.py time_to_target --recipe preset # per task: steps, sequences and time to the paper's level
 
-A cell is `train.py --task T --model M --preset P --out_dir out/reproduce/P/T_M`; its console
-output goes to train.log beside results.json. A cell with a results.json is finished and
-skipped, and one with only a ckpt.pt is resumed from it, so an interrupted sweep picks up
-where it stopped. The cells run one after another in this process (run_in_process, its output to the
-cell's log, which conditioning.py's depth_width uses too), or one per GPU (run_cells);
-their sizes come from the presets (cell_argv); the MLP has two rows (row_models).
+A cell is `train.py --task T --model M --preset P --out_dir OUT/B/T_M`, B the preset and the flags after `--`
+(budget); its console output goes to train.log beside results.json. A cell with a results.json is finished and
+skipped, and one with only a ckpt.pt is resumed from it, so an interrupted sweep picks up where it stopped; a
+second sweep into OUT/B is refused while one runs (claim_sweep). The cells run one after another in this process
+(run_in_process, its output to the cell's log, which conditioning.py's depth_width uses too), or several at once,
+one per GPU or per CPU core (run_cells); their sizes and stop rules come from the presets (cell_argv); the MLP has
+two rows (row_models). `--plan` times a few steps of each (time_to_target.plan).
 
-Output: table.md beside the cells (out/reproduce/P; --results DIR elsewhere) and a figure per task
-(write_table). Only `--results results` writes the committed results/, so a partial sweep never
-replaces that table. `time_to_target` is time_to_target.py's program, dispatched from here (main).
+Output: table.md beside the cells (OUT/B; --results DIR elsewhere), headed by the sweep's command, machine and wall
+time (sweep.json), and a figure per task (time_to_target.write_table). Only `--results results` writes the
+committed results/, and a table of fewer finished cells goes beside the one there (table.new.md).
+`time_to_target` is time_to_target.py's program, dispatched from here (main).
 """
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import fields
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,30 +41,17 @@ if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and 
 import torch
 
 import checkpoints
+from hardware import describe, machine
 import presets
 import runtime
 from tasks import make_task
-from time_to_target import time_to_target
+from time_to_target import cell_dir, finished_rows, load_results, plan, time_to_target, write_table
 import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK_ORDER = ("bijection", "hmm", "regression", "recall")  # the default matrix: the wind tunnels
 MODEL_ORDER = ("transformer", "mamba", "lstm", "mlp", "mlp_pos", "linear_attn")  # those train.py has
 VARIANTS = {"mlp_pos": "mlp"}  # row: the train.py model it runs, with the row's preset entry as flags
-
-# the paper's numbers (v3 architecture table unless noted); MAE in bits, recall as accuracy
-PAPER = {
-    "bijection": dict(transformer="0.007", mamba="0.010", lstm="0.009", mlp="≈1.85", mlp_pos="≈1.85"),
-    "hmm": dict(transformer="0.049", mamba="0.024", lstm="0.411", mlp="≈0.409", mlp_pos="≈0.409"),
-    "recall": dict(transformer="acc. 100%", mamba="acc. 97.8%", lstm="acc. 0.5%"),
-}
-PAPER_NOTES = """Paper numbers (second-hand transcriptions of arXiv 2512.22471) are the v3 architecture table \
-unless noted.
-Bijection: the authors' evaluation averages over sequences first (our mean-curve convention); the v1 transformer
-figure is 3e-3 and the MLP's ≈1.85 is from v1. HMM: the v3 table (0.049 for the transformer, against 7.5e-5 in v1,
-an unresolved discrepancy); the authors' HMM scripts score per token; the transformer's K=50 figure is 0.029.
-Recall: accuracy; the LSTM's 0.5% is chance. Regression is not in the paper. The paper's MLP figures stand beside
-both MLP rows: which of the two readings it ran is not stated."""
 
 def row_models():
     """The table's rows that can run: train.py's models, and the variants of them. The MLP has two rows, since the
@@ -75,16 +65,11 @@ def row_models():
 def cell_argv(task, model, preset, out_dir, extra):
     """The train.py command line of one cell. Model sizes come from presets.py's PRESETS (the quick preset's LSTM
     and MLP are matched to within 1% of its transformer's parameters; in the paper preset the MLP is matched, the
-    LSTM is the authors' unmatched one). `tiny` runs the quick cells for a few steps at toy sizes, for tests."""
-    base, opts = VARIANTS.get(model, model), {}
-    if model in VARIANTS:  # e.g. mlp_pos: the mlp with its own options and widths
-        opts = presets.PRESETS["quick" if preset == "tiny" else preset][task][model]
-    argv = ["--task", task, "--model", base, "--preset", "quick" if preset == "tiny" else preset]
-    if preset == "tiny":  # the quick cell, shrunk (presets.py)
-        tiny, names = presets.TINY[task], {f.name for f in fields(presets.resolve_model(base)[0])}
-        opts = opts | {k: v for k, v in tiny["model"].items() if k in names}
-        argv += flags(tiny["train"] | tiny["task"])
-    return argv + flags(opts) + ["--out_dir", out_dir] + extra
+    LSTM is the authors' unmatched one); a variant row (mlp_pos) passes its preset entry as flags."""
+    opts = dict(presets.PRESETS[preset][task][model]) if model in VARIANTS else {}
+    opts |= opts.pop("train", {})
+    return ["--task", task, "--model", VARIANTS.get(model, model), "--preset", preset, *flags(opts),
+            "--out_dir", out_dir, *extra]
 
 
 def refusal(task, model):
@@ -94,10 +79,6 @@ def refusal(task, model):
         presets.fill_io(VARIANTS.get(model, model), make_task(task), {})
     except ValueError as e:
         return str(e)
-
-
-def cell_dir(out_root, task, model):
-    return os.path.join(out_root, f"{task}_{presets.model_name(model)}")
 
 
 def flags(opts):
@@ -123,17 +104,6 @@ def other_run(r, cfg):
     if differs and differs[0] in ("task", "model"):
         return f"a {r.get('task')} x {r.get('model')} run"
     return differs and f"a run with {differs[0]} {differs[1]} (the command line gives {differs[2]})"
-
-
-def load_results(out_dir):
-    """A cell's results.json; None where it is missing, corrupt or lacks its metrics (an unfinished cell)."""
-    try:
-        with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as f:
-            r = json.load(f)
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(r, dict) and isinstance(r.get("metrics"), dict) and isinstance(r["metrics"].get("default"), dict)
-    return r if ok else None
 
 
 def log_error(log):
@@ -165,6 +135,13 @@ def run_in_process(main, argv, log, mode="a", contain=True):
 def note_command(log, argv):
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} train.py {' '.join(argv)}\n")
+
+
+def threads(jobs):
+    """CPU threads of each of `jobs` cells at once: the cores this process may use, shared out (OMP_NUM_THREADS, if
+    set, is each cell's)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return int(os.environ.get("OMP_NUM_THREADS", "0").split(",")[0] or 0) or max(1, cores // jobs)
 
 
 def visible_gpus(n_gpus):
@@ -217,6 +194,8 @@ def run_cells(todo, jobs, n_gpus):
                         yield label, None, 0.0
                         continue
                     env, where = dict(os.environ), ""
+                    if not n_gpus:  # the CPU's cores shared out: one thread each on 2 cores at 2 at a time
+                        env.setdefault("OMP_NUM_THREADS", str(threads(jobs)))
                     if n_gpus:
                         env["CUDA_VISIBLE_DEVICES"] = gpus[slot % n_gpus]
                         where = f" on GPU {gpus[slot % n_gpus]}"
@@ -255,104 +234,13 @@ def stop(running, grace=60):
         f.close()
 
 # -----------------------------------------------------------------------------
-# the table and the figures
-
-
-def fmt(x):
-    return f"{x:.4f}"
-
-
-def fmt_acc(m):
-    return f"{100 * m['accuracy']:.2f}% ({100 * m['oracle_accuracy']:.2f}%)" if "accuracy" in m else "—"
-
-
-def figure(task, rows, path):
-    """Per-position model entropy of every model against the oracle's; False without matplotlib."""
-    plt = runtime.pyplot()
-    if plt is None:
-        return False
-    fig, ax = plt.subplots(figsize=(6, 4))
-    oracle = None
-    for model, r in rows:
-        m = r["metrics"]["default"]
-        pos = range(1, len(m["curve_model"]) + 1)
-        ax.plot(pos, m["curve_model"], marker=".", label=f"{model} (mean-curve MAE {m['mae_curve']:.3g})")
-        oracle = oracle or (pos, m["curve_oracle"])
-    ax.plot(*oracle, "k--", label="Bayes oracle")
-    ax.set(xlabel="query position", ylabel="mean entropy (bits)", title=f"{task}: model vs exact posterior entropy")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    checkpoints.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
-    plt.close(fig)
-    return True
-
-
-def steps(r):
-    """A cell's steps, saying so where its stop rule ended it before its schedule (a cell is a full schedule or
-    labelled as stopped)."""
-    train = r.get("config", {}).get("train", {})
-    stopped = train.get("stop_at") and r["iters"] < train.get("max_iters", r["iters"])
-    return f"{r['iters']} (stopped at {train['stop_at']})" if stopped else str(r["iters"])
-
-
-def write_table(preset, tasks, models, out_root, results_dir, status, notes=()):
-    """results_dir/table.md from every cell's results.json; returns its path. Per task, each model's entropy MAE
-    in both conventions, KL, accuracy, parameters and training time beside the paper's numbers, and a figure of
-    per-position model entropy against the oracle's for every model (entropy_<task>.png; needs matplotlib,
-    without it the table still comes out). notes: lines for the Notes, e.g. why a cell is n/a."""
-    lines = [f"# Wind tunnels: architecture comparison, preset `{preset}`", "",
-             "Entropy MAE in bits: *mean-curve* averages model and oracle entropy over sequences at each position "
-             "first (the paper's convention), *per token* is the mean of |H_model − H_oracle| over every scored "
-             "position (stricter). KL(oracle ‖ model) in bits per scored position. Accuracy: argmax against the "
-             "true answer (hmm: the hidden state), the Bayes decision's in brackets. Time: training wall time. "
-             f"Each cell is `{os.path.join(out_root, '<task>_<model>')}`.", "",
-             "Two readings of the paper's MLP: `mlp` sees the flattened causal prefix (each earlier token in its own "
-             "input slot), `mlp_pos` only the current token and its position.", ""]
-    if preset != "paper":
-        lines += [f"The `{preset}` preset's models and schedules are far smaller than the paper's (and its recall "
-                  "task is shrunk): compare the ordering of the architectures with the paper's, not the digits.", ""]
-    for task in tasks:
-        lines += [f"## {task}", "",
-                  "| model | params | MAE mean-curve | MAE per token | paper | KL | accuracy (Bayes) "
-                  "| other lengths, MAE per token | steps | time | device |", "|---" * 11 + "|"]
-        rows = []
-        for model in models:
-            held = status.get((task, model), "").startswith("holds")  # another run's results: not this cell's
-            r = None if held else load_results(cell_dir(out_root, task, model))
-            paper = PAPER.get(task, {}).get(model, "—")
-            name = presets.model_name(model)  # a model from a file: its class
-            if r is None:
-                lines.append(f"| {name} | {status.get((task, model), 'not run')} |" + " |" * 9)
-                continue
-            rows.append((name, r))
-            m = r["metrics"]["default"]
-            other = ", ".join(f"{k}: {fmt(v['mae_token'])}" for k, v in r["metrics"].items() if k != "default")
-            lines.append(f"| {name} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
-                         f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {steps(r)} "
-                         f"| {runtime.fmt_time(r['wall_time_s'])} | {r['device']} |")
-        slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
-                 if "accuracy_by_slot" in r["metrics"]["default"]]
-        if slots:  # recall: is a miss a pair stored early (forgotten) or any pair (never bound)?
-            n = len(slots[0][1])
-            lines += ["", "Accuracy by the queried pair's place in the store (1 = stored first):", "",
-                      "| model | " + " | ".join(str(i + 1) for i in range(n)) + " |", "|---" * (n + 1) + "|"]
-            lines += [f"| {model} | " + " | ".join(f"{a:.2f}" for a in acc) + " |" for model, acc in slots]
-        if rows and figure(task, rows, os.path.join(results_dir, f"entropy_{task}.png")):
-            lines += ["", f"![{task}: per-position entropy](entropy_{task}.png)"]
-        lines.append("")
-    lines += ["## Notes", "", PAPER_NOTES, ""] + ([*notes, ""] if notes else [])
-    path = os.path.join(results_dir, "table.md")
-    checkpoints.write_text(path, "\n".join(lines))
-    return path
-
-# -----------------------------------------------------------------------------
 # the command line
 
 
 def parse_args(argv):
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    names = [*presets.PRESETS, "tiny"]
+    names = list(presets.PRESETS)
     p = presets.Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False,
                        epilog="`reproduce.py time_to_target --help`: the steps and time to the paper's level")
     p.add_argument("--preset", default="quick", help=f"{' | '.join(names)} (default quick)")
@@ -361,15 +249,23 @@ def parse_args(argv):
                                                   f"{', '.join(MODEL_ORDER)} that train.py has; "
                                                   "mlp_pos is the mlp with --per_position), or a model from a "
                                                   "file, PATH.py:Class, or a module, module:Class")
-    p.add_argument("--out", default=os.path.join("out", "reproduce"), help="cells go to OUT/<preset>/<task>_<model>")
+    p.add_argument("--out", default=os.path.join("out", "reproduce"), help="cells go to OUT/<preset>/<task>_<model> "
+                   "(OUT/<preset>+<flag>=<value>/... with flags after --)")
     p.add_argument("--results", default=None, help="where table.md and the figures go (default OUT/<preset>; "
                                                    "`--results results` updates the committed table)")
-    p.add_argument("--jobs", type=int, default=0, help="cells at a time (default: one per visible GPU, else 1)")
+    p.add_argument("--jobs", type=int, default=0, help="cells at a time (default: one per visible GPU, else one per "
+                                                       "CPU core, the cores shared out among them)")
+    p.add_argument("--plan", action="store_true", help="only print each cell's steps, stop rule and time on this "
+                                                       "machine, projected from a few timed steps, and the total")
     p.add_argument("--table_only", action="store_true", help="only rebuild the table from finished cells")
+    p.add_argument("--replace_table", action="store_true", help="let a table of fewer finished cells replace "
+                                                                "the table.md there (else it goes beside it)")
     args = p.parse_args(argv)
+    if args.plan and args.table_only:
+        p.error("--plan and --table_only: give one")
     if args.preset not in names:
         p.error(f"unknown preset {args.preset!r}; valid presets: {', '.join(names)}")
-    base = presets.PRESETS["quick" if args.preset == "tiny" else args.preset]
+    base = presets.PRESETS[args.preset]
     valid_tasks = [t for t in presets.TASKS if t in base]  # a cell needs the task's preset entry
     args.tasks = args.tasks or ",".join(t for t in TASK_ORDER if t in valid_tasks)
     args.models = args.models or ",".join(m for m in MODEL_ORDER if m in row_models())
@@ -389,8 +285,23 @@ def parse_args(argv):
     if fixed:
         p.error(f"{fixed[0].split('=')[0]} is set per cell; use --tasks, --models, --preset or --out instead")
     args.tasks, args.models = args.tasks.split(","), args.models.split(",")
-    args.results = args.results or os.path.join(args.out, args.preset)
+    args.budget = budget(args.preset, extra)
+    args.results = args.results or os.path.join(args.out, args.budget)
     return args, extra
+
+
+def budget(preset, extra):
+    """The cells' folder under --out: the preset, and each flag after `--` that changes what a cell trains, e.g.
+    quick+max_iters=50 (where and how it runs, e.g. --device, leaves the name as it is)."""
+    name, flag = preset, None
+    for a in extra:
+        if a.startswith("--"):
+            flag, _, value = a[2:].partition("=")
+            if flag not in checkpoints.HOW_IT_RAN:
+                name += f"+{flag}" + (f"={value}" if value else "")
+        elif flag is not None and flag not in checkpoints.HOW_IT_RAN:
+            name += ("=" if name.endswith(f"+{flag}") else ",") + a
+    return re.sub(r"[^\w.,=+-]", "_", name)
 
 
 def main(argv=None):
@@ -410,10 +321,10 @@ def main(argv=None):
 
 def sweep(args, extra):
     """The cells still to run, then the table."""
-    out_root = os.path.join(args.out, args.preset)
+    out_root = os.path.join(args.out, args.budget)
     cells = [(t, m) for t in args.tasks for m in args.models]
     n_gpus = torch.cuda.device_count() if args.preset != "tiny" else 0
-    jobs = args.jobs or max(n_gpus, 1)
+    jobs = args.jobs or n_gpus or threads(1)
     todo, status = [], {}
     notes = []  # why each n/a cell is
     try:  # before any cell runs: a bad flag or value in `extra` (presets.parse_args: its own one line, exit 2)
@@ -441,12 +352,44 @@ def sweep(args, extra):
                 status[(task, model)] = "results.json unreadable or unfinished"
         for flag, path in (("--out", out_root), ("--results", args.results)):
             checkpoints.check_out_dir(path, flag)
+        lock = None if args.table_only or args.plan else claim_sweep(out_root)
     except ValueError as e:
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         return 2
     n_done = len(cells) - len(todo) - len(notes)
+    if args.plan:
+        print(f"{len(cells)} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run")
+        plan([(label, cell_config(argv)) for label, argv, _ in todo], jobs, threads(jobs) if not n_gpus else 1)
+        return 0
+    try:
+        return run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus)
+    finally:
+        if lock:
+            checkpoints.unlock_out_dir(lock)
+
+
+def claim_sweep(out_root):
+    """The lock of OUT/<preset> for this sweep's lifetime: a second sweep there is refused before it starts."""
+    os.makedirs(out_root, exist_ok=True)
+    try:
+        return checkpoints.lock_out_dir(out_root)
+    except ValueError as e:
+        raise ValueError(str(e).replace("another run", "another reproduce.py sweep").replace("--out_dir", "--out"))
+
+
+def run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus):
+    """Run the cells in todo, then write the table; the sweep's command, machine and wall time go to sweep.json."""
+    n_cells, t0 = len(args.tasks) * len(args.models), time.time()
+    n_done = n_cells - len(todo) - len(notes)
+    meta = None
+    if todo:
+        where = (f"{n_gpus} x {torch.cuda.get_device_name(0)}" if n_gpus else describe(machine(threads(jobs))))
+        meta = dict(command=" ".join(["python reproduce.py", *sys.argv[1:]]) if sys.argv[0].endswith("reproduce.py")
+                    else "reproduce.main", started=time.strftime("%Y-%m-%d %H:%M %Z"), machine=where, jobs=jobs,
+                    cells=[f"{t}_{presets.model_name(m)}" for (t, m), _, _ in todo])
+        checkpoints.write_json(os.path.join(out_root, "sweep.json"), meta)
     if not args.table_only:
-        print(f"{len(cells)} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run, "
+        print(f"{n_cells} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run, "
               f"{f'{len(notes)} n/a, ' if notes else ''}{jobs} at a time{f' on {n_gpus} GPUs' if n_gpus else ''}")
     for note in notes:
         print(note)
@@ -471,7 +414,15 @@ def sweep(args, extra):
                       file=sys.stderr)
     finally:
         cells_run.close()  # an interrupt stops the running cells and waits for them
-    path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status, notes)
+    if meta:
+        checkpoints.write_json(os.path.join(out_root, "sweep.json"), meta | dict(wall_s=time.time() - t0))
+    held = finished_rows(os.path.join(args.results, "table.md"))
+    now = sum(s.startswith("finished") for s in status.values())
+    file = "table.md" if now >= held or args.replace_table else "table.new.md"
+    if file != "table.md":
+        print(f"{os.path.join(args.results, 'table.md')} holds {held} finished cells, this table {now}: it goes "
+              f"beside it, without figures (--replace_table to replace it)")
+    path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status, notes, file)
     failed = [c for c, s in status.items() if s.startswith("failed")]
     print(f"wrote {path}" + (f" | {len(failed)} cells failed" if failed else ""))
     return 1 if failed else 0

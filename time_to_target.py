@@ -1,4 +1,6 @@
 """
+What reproduce.py's sweeps cost and what they give: time to target, the plan of a sweep, the architecture table.
+
 Time to target: how long the default transformer takes to reach the paper's level on each wind tunnel, in
 training steps, training sequences (steps x batch size, the same on any machine) and wall time on this one.
 
@@ -10,11 +12,17 @@ training steps, training sequences (steps x batch size, the same on any machine)
 its targets (TARGETS, and ALSO beside them) and its flags: time_to_target's docstring. Each task is one
 train.py run in this process that stops at its target (train.py --stop_at); target_row reads the step of the
 first evaluation that met it from the run's results.json.
+
+`plan` is `reproduce.py --plan`: each cell's steps and stop rule, and its time on this machine projected from a
+few timed steps (cell_cost), and the sweep's wall time at so many cells at once (makespan). `write_table` is the
+sweep's table.md and figures, from every cell's results.json beside the paper's numbers (PAPER).
 """
 import json
 import os
+import re
 import signal
 import sys
+import time
 
 if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
     stop = lambda *_: os._exit(sys.stderr.write("time_to_target.py: error: interrupted; nothing was written\n") and 2)
@@ -23,6 +31,7 @@ if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and 
 import torch
 
 import checkpoints
+import oracles
 from hardware import describe, machine
 import presets
 import runtime
@@ -49,7 +58,7 @@ def metric(spec):
 
 def first_reached(history, spec, task_name):
     """(the first history entry that meets spec or None, the best entry)."""
-    stop, name = presets.parse_stop(spec, make_task(task_name)), metric(spec)
+    stop, name = oracles.parse_stop(spec, make_task(task_name)), metric(spec)
     best = (max if ">=" in spec else min)(history, key=lambda h: h[name]) if history else None
     return next((h for h in history if stop(h)), None), best
 
@@ -183,6 +192,215 @@ def table(rows):
                      f"| {w['eval_interval']} |")
     return lines
 
+
+
+# -----------------------------------------------------------------------------
+# reproduce.py --plan: what a sweep will cost, before it runs
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def cell_cost(cfg, threads, steps=4, warmup=2):
+    """(seconds, seconds a step) of a cell run to its cap (max_iters): its training steps, timed after `warmup`
+    untimed ones (a curriculum's longer stages counted by their length), and its evaluations (a pass of 250
+    sequences of each evaluated length, timed, scaled to the checks every eval_interval steps and the final one)."""
+    tr, saved = cfg["train"], torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        dev = runtime.pick_device(tr["device"])
+        torch.manual_seed(tr["seed"])
+        task, eval_tasks, model, opt, _ = train.build(cfg, dev)
+        batches, (_, ctx) = train.Batches(task, tr, dev, 0, 1), runtime.autocast(tr["dtype"], dev)
+        fwd = runtime.CompiledOrEager(model, False, print)
+        t0 = None
+        for i in range(warmup + steps):
+            t0 = time.time() if i == warmup else t0
+            batch, stage = batches.get(i)
+            train.update(fwd, model, stage, opt, batch, ctx, tr["grad_clip"])
+            sync(dev)
+        t_step, t_eval = (time.time() - t0) / steps, {}
+        for name, t in eval_tasks.items():
+            t0 = time.time()
+            train.evaluate(model, t, 250, 0, dev, ctx)
+            t_eval[name] = time.time() - t0
+    finally:
+        torch.set_num_threads(saved)
+    T = tr["max_iters"]
+    checks = T // tr["eval_interval"] * tr["eval_samples_during"] / 250 * t_eval["default"]
+    return t_step * batches.steps_left(0, T) + checks + tr["eval_samples"] / 250 * sum(t_eval.values()), t_step
+
+
+def makespan(costs, jobs):
+    """Wall time of cells of these costs run `jobs` at a time in this order, each started as a slot frees."""
+    slots = [0.0] * jobs
+    for c in costs:
+        slots[slots.index(min(slots))] += c
+    return max(slots)
+
+
+def plan(cells, jobs, threads):
+    """Print each ((task, model), cfg) cell's stop rule and projected time; returns the projected wall time."""
+    print(f"plan: each cell's steps timed alone on {threads} thread(s) (CPU) or its GPU, projected to its cap; "
+          f"a stop rule can end it sooner", flush=True)
+    costs = []
+    for (task, model), cfg in cells:
+        tr = cfg["train"]
+        secs, t_step = cell_cost(cfg, threads)
+        costs.append(secs)
+        rules = ([f"at {tr['stop_at']}"] if tr["stop_at"] else []) + \
+                ([f"at a plateau ({tr['patience']} x {tr['eval_interval']} steps)"] if tr["patience"] else [])
+        print(f"  {task:<10} {model:<12} {1e3 * t_step:7.1f} ms/step, stops {' or '.join(rules + ['at step'])} "
+              f"{tr['max_iters']}: <= {runtime.fmt_time(secs)}", flush=True)
+    total = makespan(costs, jobs)
+    print(f"projected: {runtime.fmt_time(sum(costs))} of cells, {runtime.fmt_time(total)} wall at {jobs} at a time "
+          f"(every cell to its cap: an upper bound)")
+    return total
+
+# -----------------------------------------------------------------------------
+# reproduce.py's table: every cell's results.json, beside the paper's numbers
+
+# the paper's numbers (v3 architecture table unless noted); MAE in bits, recall as accuracy
+PAPER = {
+    "bijection": dict(transformer="0.007", mamba="0.010", lstm="0.009", mlp="≈1.85", mlp_pos="≈1.85"),
+    "hmm": dict(transformer="0.049", mamba="0.024", lstm="0.411", mlp="≈0.409", mlp_pos="≈0.409"),
+    "recall": dict(transformer="acc. 100%", mamba="acc. 97.8%", lstm="acc. 0.5%"),
+}
+PAPER_NOTES = """Paper numbers (second-hand transcriptions of arXiv 2512.22471) are the v3 architecture table \
+unless noted.
+Bijection: the authors' evaluation averages over sequences first (our mean-curve convention); the v1 transformer
+figure is 3e-3 and the MLP's ≈1.85 is from v1. HMM: the v3 table (0.049 for the transformer, against 7.5e-5 in v1,
+an unresolved discrepancy); the authors' HMM scripts score per token; the transformer's K=50 figure is 0.029.
+Recall: accuracy; the LSTM's 0.5% is chance. Regression is not in the paper. The paper's MLP figures stand beside
+both MLP rows: which of the two readings it ran is not stated."""
+
+
+def cell_dir(out_root, task, model):
+    return os.path.join(out_root, f"{task}_{presets.model_name(model)}")
+
+
+def load_results(out_dir):
+    """A cell's results.json; None where it is missing, corrupt or lacks its metrics (an unfinished cell)."""
+    try:
+        with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as f:
+            r = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(r, dict) and isinstance(r.get("metrics"), dict) and isinstance(r["metrics"].get("default"), dict)
+    return r if ok else None
+
+
+def fmt(x):
+    return f"{x:.4f}"
+
+
+def fmt_acc(m):
+    return f"{100 * m['accuracy']:.2f}% ({100 * m['oracle_accuracy']:.2f}%)" if "accuracy" in m else "—"
+
+
+def figure(task, rows, path):
+    """Per-position model entropy of every model against the oracle's; False without matplotlib."""
+    plt = runtime.pyplot()
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    oracle = None
+    for model, r in rows:
+        m = r["metrics"]["default"]
+        pos = range(1, len(m["curve_model"]) + 1)
+        ax.plot(pos, m["curve_model"], marker=".", label=f"{model} (mean-curve MAE {m['mae_curve']:.3g})")
+        oracle = oracle or (pos, m["curve_oracle"])
+    ax.plot(*oracle, "k--", label="Bayes oracle")
+    ax.set(xlabel="query position", ylabel="mean entropy (bits)", title=f"{task}: model vs exact posterior entropy")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    checkpoints.write_file(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return True
+
+
+def steps(r):
+    """A cell's steps, and why it stopped where its stop rule ended it before its schedule's end."""
+    last = r["history"][-1] if r.get("history") else {}
+    why = last.get("stopped") if last.get("iter") == r["iters"] else None
+    return f"{r['iters']} ({why})" if why else str(r["iters"])
+
+
+def finished_rows(path):
+    """The finished cells a table.md holds (rows with a parameter count); 0 where there is none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return sum(bool(re.match(r"\| [^|]+ \| [\d,]+ \|", line)) for line in f)
+    except OSError:
+        return 0
+
+
+def sweep_line(out_root):
+    """The table's first lines: the sweep of sweep.json (its command, start, machine, cells at a time, wall time),
+    and its cells, or ([], None) without one."""
+    try:
+        with open(os.path.join(out_root, "sweep.json"), encoding="utf-8") as f:
+            s = json.load(f)
+        wall = runtime.fmt_time(s["wall_s"]) if "wall_s" in s else "not finished"
+        return [f"**One sweep**: `{s['command']}`, started {s['started']} on {s['machine']}, cells {s['jobs']} at a "
+                f"time; total wall time **{wall}**. A time marked * is a cell of an earlier sweep.", ""], s["cells"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [], None
+
+
+def write_table(preset, tasks, models, out_root, results_dir, status, notes=(), file="table.md"):
+    """results_dir/<file> from every cell's results.json; returns its path. Per task, each model's entropy MAE
+    in both conventions, KL, accuracy, parameters and training time beside the paper's numbers, and (as table.md) a
+    figure of per-position model entropy against the oracle's for every model (entropy_<task>.png; needs
+    matplotlib, without it the table still comes out). notes: lines for the Notes, e.g. why a cell is n/a."""
+    header, swept = sweep_line(out_root)
+    lines = [f"# Wind tunnels: architecture comparison, preset `{preset}`", "", *header,
+             "Entropy MAE in bits: *mean-curve* averages model and oracle entropy over sequences at each position "
+             "first (the paper's convention), *per token* is the mean of |H_model − H_oracle| over every scored "
+             "position (stricter). KL(oracle ‖ model) in bits per scored position. Accuracy: argmax against the "
+             "true answer (hmm: the hidden state), the Bayes decision's in brackets. Time: training wall time. "
+             f"Each cell is `{os.path.join(out_root, '<task>_<model>')}`.", "",
+             "Two readings of the paper's MLP: `mlp` sees the flattened causal prefix (each earlier token in its own "
+             "input slot), `mlp_pos` only the current token and its position.", ""]
+    if preset != "paper":
+        lines += [f"The `{preset}` preset's models and schedules are far smaller than the paper's (and its recall "
+                  "task is shrunk): compare the ordering of the architectures with the paper's, not the digits.", ""]
+    for task in tasks:
+        lines += [f"## {task}", "",
+                  "| model | params | MAE mean-curve | MAE per token | paper | KL | accuracy (Bayes) "
+                  "| other lengths, MAE per token | steps | time | device |", "|---" * 11 + "|"]
+        rows = []
+        for model in models:
+            held = status.get((task, model), "").startswith("holds")  # another run's results: not this cell's
+            r = None if held else load_results(cell_dir(out_root, task, model))
+            paper = PAPER.get(task, {}).get(model, "—")
+            name = presets.model_name(model)  # a model from a file: its class
+            if r is None:
+                lines.append(f"| {name} | {status.get((task, model), 'not run')} |" + " |" * 9)
+                continue
+            rows.append((name, r))
+            m = r["metrics"]["default"]
+            other = ", ".join(f"{k}: {fmt(v['mae_token'])}" for k, v in r["metrics"].items() if k != "default")
+            earlier = " *" if swept is not None and f"{task}_{name}" not in swept else ""  # not this sweep's
+            lines.append(f"| {name} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
+                         f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {steps(r)} "
+                         f"| {runtime.fmt_time(r['wall_time_s'])}{earlier} | {r['device']} |")
+        slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
+                 if "accuracy_by_slot" in r["metrics"]["default"]]
+        if slots:  # recall: is a miss a pair stored early (forgotten) or any pair (never bound)?
+            n = len(slots[0][1])
+            lines += ["", "Accuracy by the queried pair's place in the store (1 = stored first):", "",
+                      "| model | " + " | ".join(str(i + 1) for i in range(n)) + " |", "|---" * (n + 1) + "|"]
+            lines += [f"| {model} | " + " | ".join(f"{a:.2f}" for a in acc) + " |" for model, acc in slots]
+        if rows and file == "table.md" and figure(task, rows, os.path.join(results_dir, f"entropy_{task}.png")):
+            lines += ["", f"![{task}: per-position entropy](entropy_{task}.png)"]
+        lines.append("")
+    lines += ["## Notes", "", PAPER_NOTES, ""] + ([*notes, ""] if notes else [])
+    path = os.path.join(results_dir, file)
+    checkpoints.write_text(path, "\n".join(lines))
+    return path
 
 if __name__ == "__main__":  # the same program as `python reproduce.py time_to_target`
     runtime.cli(lambda: time_to_target(sys.argv[1:]), "time_to_target.py", "each run keeps its last checkpoint")

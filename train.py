@@ -7,9 +7,8 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
     torchrun --nproc_per_node=N train.py ...                        # data-parallel: the same global batch
 
 Settings: defaults < preset < flags (presets.py; `--help` shows their values). Recipe: AdamW or Muon; warmup, cosine
-decay, clipping; a fresh seeded batch every step (a growing task under --curriculum); held-out checks on sequences
-of their own (--eval_seed_during) can end the run (--stop_at); checkpoints; results.json. Plumbing: runtime.py and
-checkpoints.py.
+decay, clipping; a fresh seeded batch every step (a growing task under --curriculum); held-out checks on sequences of
+their own end a run at its target or plateau (--stop_at, --patience); checkpoints; results.json. Plumbing: runtime.py.
 """
 from dataclasses import asdict, fields, replace
 import math
@@ -27,9 +26,9 @@ import torch
 
 from checkpoints import (check_run_memory, checkpoint, code_version, load_checkpoint, print0, resume, say_eta,
                          write_json)
-from oracles import Metrics
+from oracles import Metrics, StopRule, batch_mae
 from presets import (IO_FIELDS, build_config, check_train, during_seed, fill_io, fit_block_size, match_width,
-                     model_name, parse_args, parse_stop, resolve_model, resume_config)
+                     model_name, parse_args, resolve_model, resume_config)
 from runtime import (CompiledOrEager, Optimizers, autocast, cli, data_parallel, data_source, fmt_time, global_mean,
                      guarded, oom_hint, prepare_out_dir)
 from tasks import make_task
@@ -207,8 +206,8 @@ def summary(r):
 
 def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
     """Rank 0's verdict at a step that saves (proc.due), and the held-out metrics (without curves) it rests on:
-    ("diverged", None) if the parameters or metrics are not finite (said in a line), ("reached", metrics) at --stop_at,
-    else ("go on", metrics; None at a snapshot). state(), ckpt.pt now, is saved before the first evaluation."""
+    ("diverged", None) if the parameters or metrics are not finite (said), ("reached", metrics, why under "stopped")
+    where the stop rule ends the run, else ("go on", metrics; None at a snapshot). state(): ckpt.pt, saved first."""
     if not all(torch.isfinite(p).all() for p in model.parameters()):
         proc.diverged("parameters are not finite", proc.step)
         return "diverged", None
@@ -221,13 +220,7 @@ def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
         proc.diverged("held-out metrics are not finite", proc.step)
         return "diverged", None
     r = {k: v for k, v in r.items() if not isinstance(v, list)}
-    return ("reached" if stop is not None and stop(r) else "go on"), r
-
-
-def batch_mae(task, batch, out):
-    """The training batch's per-token entropy MAE (bits), for the progress line."""
-    (m := Metrics()).update(task, batch.to("cpu"), out.float())
-    return m.result(task)["mae_token"]
+    return ("reached", r | {"stopped": stop.reason}) if stop(r) else ("go on", r)
 
 
 # -----------------------------------------------------------------------------
@@ -239,10 +232,11 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
     train, T, device = cfg["train"], cfg["train"]["max_iters"], proc.device
     torch.manual_seed(train["seed"])
     task, eval_tasks, model, opt, model_config = build(cfg, device, resume_state and resume_state["model_config"])
-    stop, (use_bf16, ctx) = parse_stop(train["stop_at"], task), autocast(train["dtype"], device)
+    use_bf16, ctx = autocast(train["dtype"], device)
     batches = Batches(task, train, device, proc.rank, proc.world)
     out_dir = prepare_out_dir(train, resume_state is not None, proc)
     it, elapsed, history = resume(resume_state, model, opt, batches, device, train)
+    stop = StopRule(train, task, history)  # a resumed run's evaluations count towards its plateau
     fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)
     eval_fwd = model if proc.world > 1 else fwd  # the bare model: no gradient hooks, no collectives
     print0(f"{cfg['task']} x {cfg['model']} | {model.num_params():,} params | device {device}"
@@ -269,7 +263,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
             dt, left = time.time() - t_log, batches.steps_left(it, T)
             print0(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {batch_mae(stage, batch, out):.4f} bits (batch) "
                    f"| {(it - it_log) * train['batch_size'] * stage.seq_len / dt / 1e3:.1f}k tok/s | lr {lr:.2e} "
-                   f"| eta {fmt_time(left * dt / (it - it_log))}{', or at ' + train['stop_at'] if stop else ''}")
+                   f"| eta {fmt_time(left * dt / (it - it_log))}{', or at ' + stop.what if stop.what else ''}")
             t_log, it_log = time.time(), it
         if not proc.due(it, at_eval):
             continue
@@ -285,7 +279,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
                 t_log, it_log = time.time(), it  # progress rates exclude evaluation time
         verdict = proc.verdict(verdict)
         if verdict == "reached":
-            print0(f"reached {train['stop_at']} at step {it}: stopping")
+            print0(f"{stop.reason} at step {it}: stopping")
             break
         if verdict in ("diverged", "failed"):  # rank 0 said why
             return 1 if verdict == "diverged" else 2

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import checkpoints
+import oracles
 import presets
 import runtime
 import train
@@ -61,7 +62,7 @@ def test_a_negative_max_iters_is_named_as_itself(capsys):
 @pytest.mark.parametrize("spec", ["accuracy>=1e400", "kl<=-1e999"])
 def test_stop_at_refuses_an_infinite_threshold(spec):
     with pytest.raises(ValueError, match="finite"):
-        presets.parse_stop(spec, None)
+        oracles.parse_stop(spec, None)
 
 
 # bench.py and hardware.py: refused at parse time, naming the flag (exit 2)

@@ -12,6 +12,7 @@ import torch
 from cli import exit_code
 import mamba
 from mamba import Mamba, MambaConfig
+import oracles
 import presets
 import tasks
 import train
@@ -97,7 +98,7 @@ def test_bad_settings_are_one_line(capsys, argv, want):
 def test_stop_at_refuses_a_bound_that_overflows_to_infinity(capsys):
     # float("1e400") is inf: accepted, the run could never stop early (while mae_curve<=inf was refused)
     with pytest.raises(ValueError, match="a finite number"):
-        presets.parse_stop("accuracy>=1e400", tasks.make_task("recall"))
+        oracles.parse_stop("accuracy>=1e400", tasks.make_task("recall"))
     assert run_main(["--stop_at", "accuracy>=1e400"] + NOWHERE) == 2
     one_line(capsys, "--stop_at 'accuracy>=1e400'")
 
@@ -450,10 +451,17 @@ def test_reproduce_checks_the_values_after_dashes_before_any_cell(tmp_path, caps
 def test_reproduce_does_not_keep_a_finished_cell_under_other_flags(tmp_path, capsys):
     assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 0
     capsys.readouterr()
-    assert reproduce.main(CELL + ["--out", str(tmp_path), "--", "--lr", "1e-3"]) == 2
-    one_line(capsys, "bijection_mlp holds a run with --lr 0.002 (the command line gives 0.001): pass another --out")
+    r = json.load(open(tmp_path / "tiny" / "bijection_mlp" / "results.json"))
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--", "--lr", "1e-3"]) == 0  # a folder named for its flags
+    other = json.load(open(tmp_path / "tiny+lr=1e-3" / "bijection_mlp" / "results.json"))
+    assert other["config"]["train"]["lr"] == 1e-3 and json.load(open(tmp_path / "tiny" / "bijection_mlp" /
+                                                                     "results.json")) == r
     assert reproduce.main(CELL + ["--out", str(tmp_path), "--", "--device", "cpu"]) == 0  # where, not what
     assert "1 finished before (skipped), 0 to run" in capsys.readouterr().out
+    r["config"]["train"]["lr"] = 0.5  # a folder holding a run of other settings (a preset changed since)
+    json.dump(r, open(tmp_path / "tiny" / "bijection_mlp" / "results.json", "w"))
+    assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 2
+    one_line(capsys, "bijection_mlp holds a run with --lr 0.5 (the command line gives 0.002): pass another --out")
 
 
 def test_reproduce_does_not_tabulate_another_cells_run(tmp_path, capsys):
@@ -463,10 +471,10 @@ def test_reproduce_does_not_tabulate_another_cells_run(tmp_path, capsys):
     capsys.readouterr()
     assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 2
     one_line(capsys, "bijection_mlp holds a hmm x mlp run")
-    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only"]) == 0
-    assert "| mlp | holds a hmm x mlp run |" in (tmp_path / "tiny" / "table.md").read_text()
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only"]) == 0  # fewer finished: beside table.md
+    assert "| mlp | holds a hmm x mlp run |" in (tmp_path / "tiny" / "table.new.md").read_text()
     cell.write_text("{garbage")
-    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only"]) == 0
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only", "--replace_table"]) == 0
     assert "| mlp | results.json unreadable or unfinished |" in (tmp_path / "tiny" / "table.md").read_text()
 
 

@@ -13,6 +13,7 @@ import torch
 
 import reproduce
 import presets
+import time_to_target
 import train
 from cli import exit_code
 
@@ -149,7 +150,7 @@ def test_ctrl_c_stops_the_sweep_with_one_line_on_the_console(tmp_path):
                           "transformer,mlp", "--out", str(tmp_path / "o"), "--", "--max_iters", "100000"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=os.environ | {"OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c_as_in_a_terminal)
-    log = tmp_path / "o" / "tiny" / "bijection_transformer" / "train.log"
+    log = tmp_path / "o" / "tiny+max_iters=100000" / "bijection_transformer" / "train.log"
     while p.poll() is None and not (log.exists() and "eval step" in log.read_text()):  # the first checkpoint
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
@@ -229,13 +230,93 @@ def test_a_full_disk_is_one_line_and_keeps_the_table_written_before(tmp_path, mo
 
 
 def test_a_cell_stopped_by_its_rule_says_so_in_the_table():
-    r = dict(iters=400, config=dict(train=dict(max_iters=1500, stop_at="accuracy>=0.999")))
-    assert reproduce.steps(r) == "400 (stopped at accuracy>=0.999)"
-    assert reproduce.steps(dict(r, iters=1500)) == "1500"  # the rule met at the last step: a full schedule
-    assert reproduce.steps(dict(iters=1500, config=dict(train=dict(max_iters=1500, stop_at="")))) == "1500"
+    r = dict(iters=400, history=[dict(iter=300), dict(iter=400, stopped="reached accuracy>=0.999")])
+    assert time_to_target.steps(r) == "400 (reached accuracy>=0.999)"
+    plateau = "plateau: KL not 1% below 0.5 in 4 evaluations"
+    assert time_to_target.steps(dict(iters=900, history=[dict(iter=900, stopped=plateau)])) == f"900 ({plateau})"
+    assert time_to_target.steps(dict(iters=1500, history=[dict(iter=1500)])) == "1500"  # its schedule's end
+    assert time_to_target.steps(dict(iters=1500, history=[])) == "1500"
 
 
 def ctrl_c_as_in_a_terminal():
     """SIGINT's default action in the child, as a terminal gives it: a test run started in the background (`cmd &`)
     ignores SIGINT, which the child, and so Python's KeyboardInterrupt, would inherit."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_a_table_of_fewer_finished_cells_goes_beside_the_one_there(tmp_path, capsys):
+    """--table_only over no cells (or a partial sweep) never replaces a table that holds more finished cells."""
+    res = tmp_path / "r"
+    res.mkdir()
+    held = "| model | params |\n|---|---|\n| transformer | 604,928 | 0.0077 |\n| lstm | 608,064 | 0.0103 |\n"
+    (res / "table.md").write_text(held)
+    argv = ["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path / "o"),
+            "--results", str(res), "--table_only"]
+    assert run(argv) == 0
+    assert (res / "table.md").read_text() == held and "| mlp | not run |" in (res / "table.new.md").read_text()
+    assert "holds 2 finished cells, this table 0: it goes beside it" in capsys.readouterr().out
+    assert run(argv + ["--replace_table"]) == 0 and "| mlp | not run |" in (res / "table.md").read_text()
+
+
+def test_a_second_sweep_on_one_out_is_refused_before_it_starts_naming_the_first(tmp_path, capsys):
+    first = subprocess.Popen(["sleep", "60"])  # a live process holding the sweep's lock
+    try:
+        (tmp_path / "o" / "tiny").mkdir(parents=True)
+        (tmp_path / "o" / "tiny" / ".lock").write_text(f"{first.pid}\n")
+        assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path / "o")]) == 2
+    finally:
+        first.kill()
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"in use by another reproduce.py sweep (pid {first.pid}" in err, err
+    assert "--out" in err and not (tmp_path / "o" / "tiny" / "bijection_mlp").exists()
+
+
+def test_the_plan_times_each_cell_and_trains_none(tmp_path, capsys):
+    assert run(["--preset", "tiny", "--tasks", "bijection,recall", "--models", "transformer,mlp", "--out",
+                str(tmp_path / "o"), "--jobs", "2", "--plan"]) == 0
+    out = capsys.readouterr().out
+    cells = [line for line in out.splitlines() if "ms/step" in line]
+    assert len(cells) == 4 and all("at step 4: <= " in line for line in cells), out
+    assert "stops at accuracy>=0.999 or at step 4" in out and "wall at 2 at a time" in out
+    assert not (tmp_path / "o" / "tiny" / "bijection_mlp" / "results.json").exists()
+    assert time_to_target.makespan([5, 3, 3, 1], 2) == 6 and time_to_target.makespan([5, 3, 3, 1], 1) == 12
+
+
+def test_a_sweep_says_its_command_machine_and_wall_time_atop_its_table(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(reproduce.os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    assert reproduce.threads(2) == 2 and reproduce.threads(1) == 4 and reproduce.threads(8) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert reproduce.threads(2) == 3  # the user's own
+    out, res = tmp_path / "o", tmp_path / "r"
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(out), "--results",
+                str(res), "--jobs", "1"]) == 0
+    sweep = json.load(open(out / "tiny" / "sweep.json"))
+    assert sweep["cells"] == ["bijection_mlp"] and sweep["jobs"] == 1 and sweep["wall_s"] > 0
+    table = (res / "table.md").read_text()
+    assert f"started {sweep['started']} on {sweep['machine']}, cells 1 at a time; total wall time" in table
+    assert "*" not in table.split("| mlp |")[1].split("\n")[0]  # this sweep's cell
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp,lstm", "--out", str(out), "--results",
+                str(res), "--jobs", "1"]) == 0  # a second sweep runs the lstm: the mlp is an earlier sweep's
+    table = (res / "table.md").read_text()
+    assert " * |" in table.split("| mlp |")[1].split("\n")[0] and " * |" not in table.split("| lstm |")[1]
+
+
+def test_one_preset_name_across_train_and_reproduce(tmp_path):
+    """tiny is a preset of train.py too, and a cell of it is a tiny run in OUT/tiny (its results.json says so)."""
+    assert reproduce.parse_args(["--preset", "tiny"])[0].preset == "tiny"
+    assert run(["--preset", "tiny", "--tasks", "recall", "--models", "lstm", "--out", str(tmp_path / "o"),
+                "--jobs", "1"]) == 0
+    r = json.load(open(tmp_path / "o" / "tiny" / "recall_lstm" / "results.json"))
+    assert r["preset"] == "tiny" and r["iters"] == 4 and r["config"]["task_opts"]["n_pairs"] == 4
+    assert exit_code(train.main, ["--task", "recall", "--model", "lstm", "--preset", "tiny", "--out_dir",
+                                  str(tmp_path / "t")]) == 0
+    assert json.load(open(tmp_path / "t" / "results.json"))["metrics"] == r["metrics"]  # the same run
+
+
+def test_a_cells_folder_names_the_flags_that_change_what_it_trains():
+    assert reproduce.budget("quick", []) == "quick"
+    assert reproduce.budget("quick", ["--max_iters", "50"]) == "quick+max_iters=50"
+    assert reproduce.budget("quick", ["--max_iters=50", "--device", "cpu", "--compile"]) == "quick+max_iters=50"
+    assert reproduce.budget("tiny", ["--eval_K", "30", "50", "--per_position"]) == "tiny+eval_K=30,50+per_position"
+    assert reproduce.budget("quick", ["--out_name", "a/b"]) == "quick+out_name=a_b"  # never a path

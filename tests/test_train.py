@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import runtime
 import tasks
+import oracles
 import presets
 import train
 from cli import exit_code
@@ -249,7 +250,25 @@ def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp
     assert not any(torch.equal(a, b) for a in x1 for b in x3)  # no check sequence is one of the final evaluation's
     assert presets.layered("recall", "transformer", "quick")[0]["stop_at"] == "accuracy>=0.999"
     assert presets.layered("recall", "transformer", "cpu_paper_task")[0]["stop_at"] == "accuracy>=0.99"
-    assert presets.layered("recall", "mamba", "quick")[0]["stop_at"] == ""
+    assert presets.layered("recall", "mamba", "quick")[0]["stop_at"] == "accuracy>=0.978"  # the paper's Mamba
+
+
+def test_a_plateau_ends_a_run_and_a_target_cell_never_stops_on_one():
+    """--patience N: N evaluations in a row whose KL is not 1% below the best before them end the run; a resumed run
+    counts the evaluations it had. A cell with a target has no plateau rule (patience 0)."""
+    rule = oracles.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"))
+    assert [rule(dict(kl=k)) for k in (1.0, 0.5, 0.496, 0.4)] == [None, None, None, None]  # 0.496: not 1% better
+    assert rule(dict(kl=0.399)) is None and rule(dict(kl=0.398)).startswith("plateau: KL not 1% below 0.4 in 2")
+    resumed = oracles.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"),
+                               [dict(kl=0.4), dict(kl=0.399)])
+    assert resumed(dict(kl=0.398)) is not None and resumed.what == "a plateau"
+    target = oracles.StopRule(dict(stop_at="mae_curve<=0.01", patience=0), tasks.make_task("bijection"))
+    assert [target(dict(kl=1.0, mae_curve=0.5)) for _ in range(9)] == [None] * 9
+    assert target(dict(kl=1.0, mae_curve=0.01)) == "reached mae_curve<=0.01"
+    for task in presets.PRESETS["quick"]:
+        for model in presets.MODELS:
+            tr = presets.layered(task, model, "quick")[0]
+            assert bool(tr["stop_at"]) != bool(tr["patience"]), (task, model)  # one rule per cell
 
 
 @pytest.mark.parametrize("argv, expect", [
