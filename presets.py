@@ -225,7 +225,7 @@ PRESETS["authors"] = dict(bijection=dict(
                      head_vocab=True, block_size=38)))
 
 # tiny: the quick cells for a few steps at toy sizes, for tests (reproduce.py and train.py --preset tiny): each task's
-# training settings and options, and of SIZES those a model's config has
+# training settings and options, and of SIZES those a model's config has (a model from a file too: `any`)
 SIZES = dict(n_layer=1, n_head=2, d_state=4, d_flat=4, d_model=16)
 TINY_TRAIN = dict(max_iters=4, batch_size=8, log_interval=2, eval_interval=4, eval_samples=20, eval_samples_during=10,
                   device="cpu", curriculum="")
@@ -239,7 +239,7 @@ def shrunk(quick, train, task):
         names = {f.name for f in fields(MODELS["mlp" if name == "mlp_pos" else name][0])}
         return opts | {k: v for k, v in SIZES.items() if k in names} | ({"train": opts["train"] | train}
                                                                         if "train" in opts else {})
-    return dict(quick, train=quick["train"] | train, task=quick.get("task", {}) | task,
+    return dict(quick, train=quick["train"] | train, task=quick.get("task", {}) | task, any=SIZES,
                 **{m: small(m, opts) for m, opts in quick.items() if m not in ("train", "task")})
 
 
@@ -407,9 +407,11 @@ def parse_args(argv, doc=""):
 
 
 def layered(task, model, preset):
-    """defaults < preset: a run's train / task / model settings before its flags."""
+    """defaults < preset: a run's train / task / model settings before its flags. A model without an entry (from a
+    file) takes those of the preset's `any` entry that its config has (tiny's sizes)."""
     ps = PRESETS[preset].get(task, {})
-    task_opts, model_opts = dict(ps.get("task", {})), dict(ps.get(model, {}))
+    anyone = {k: v for k, v in ps.get("any", {}).items() if k in {f.name for f in fields(resolve_model(model)[0])}}
+    task_opts, model_opts = dict(ps.get("task", {})), dict(ps.get(model, anyone))
     # a model's own training settings (e.g. its optimizer) sit in its preset entry, over the task's
     train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {}) | model_opts.pop("train", {})
     return train, task_opts, model_opts
