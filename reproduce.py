@@ -137,11 +137,15 @@ def note_command(log, argv):
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} train.py {' '.join(argv)}\n")
 
 
+def cores():  # the CPU cores this process may use
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def threads(jobs):
-    """CPU threads of each of `jobs` cells at once: the cores this process may use, shared out (OMP_NUM_THREADS, if
-    set, is each cell's)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return int(os.environ.get("OMP_NUM_THREADS", "0").split(",")[0] or 0) or max(1, cores // jobs)
+    """CPU threads of each of `jobs` cells at once: the cores shared out (OMP_NUM_THREADS, if set, is each cell's).
+    One thread each: two quick cells at once on 2 cores ran as fast each as alone, one cell on 2 threads slower
+    than on one (results/speed.md)."""
+    return int(os.environ.get("OMP_NUM_THREADS", "0").split(",")[0] or 0) or max(1, cores() // jobs)
 
 
 def visible_gpus(n_gpus):
@@ -324,7 +328,7 @@ def sweep(args, extra):
     out_root = os.path.join(args.out, args.budget)
     cells = [(t, m) for t in args.tasks for m in args.models]
     n_gpus = torch.cuda.device_count() if args.preset != "tiny" else 0
-    jobs = args.jobs or n_gpus or threads(1)
+    jobs = args.jobs or n_gpus or cores()
     todo, status = [], {}
     notes = []  # why each n/a cell is
     try:  # before any cell runs: a bad flag or value in `extra` (presets.parse_args: its own one line, exit 2)

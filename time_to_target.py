@@ -329,10 +329,11 @@ def steps(r):
 
 
 def finished_rows(path):
-    """The finished cells a table.md holds (rows with a parameter count); 0 where there is none."""
+    """The finished cells a table.md holds (rows with a parameter count, not the recall table's header of store
+    places, `| model | 1 | 2 |`); 0 where there is none."""
     try:
         with open(path, encoding="utf-8") as f:
-            return sum(bool(re.match(r"\| [^|]+ \| [\d,]+ \|", line)) for line in f)
+            return sum(bool(re.match(r"\| (?!model \|)[^|]+ \| [\d,]+ \|", line)) for line in f)
     except OSError:
         return 0
 

@@ -248,7 +248,8 @@ def test_a_table_of_fewer_finished_cells_goes_beside_the_one_there(tmp_path, cap
     """--table_only over no cells (or a partial sweep) never replaces a table that holds more finished cells."""
     res = tmp_path / "r"
     res.mkdir()
-    held = "| model | params |\n|---|---|\n| transformer | 604,928 | 0.0077 |\n| lstm | 608,064 | 0.0103 |\n"
+    held = ("| model | params |\n|---|---|\n| transformer | 604,928 | 0.0077 |\n| lstm | 608,064 | 0.0103 |\n\n"
+            "| model | 1 | 2 |\n|---|---|---|\n| lstm | 0.03 | 0.04 |\n")  # recall's store places: not cells
     (res / "table.md").write_text(held)
     argv = ["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path / "o"),
             "--results", str(res), "--table_only"]
@@ -287,7 +288,7 @@ def test_a_sweep_says_its_command_machine_and_wall_time_atop_its_table(tmp_path,
     monkeypatch.setattr(reproduce.os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
     assert reproduce.threads(2) == 2 and reproduce.threads(1) == 4 and reproduce.threads(8) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert reproduce.threads(2) == 3  # the user's own
+    assert reproduce.threads(2) == 3 and reproduce.cores() == 4  # the user's own threads; as many cells as cores
     out, res = tmp_path / "o", tmp_path / "r"
     assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(out), "--results",
                 str(res), "--jobs", "1"]) == 0
