@@ -363,7 +363,11 @@ def sweep(args, extra):
     n_done = len(cells) - len(todo) - len(notes)
     if args.plan:
         print(f"{len(cells)} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run")
-        plan([(label, cell_config(argv)) for label, argv, _ in todo], jobs, threads(jobs) if not n_gpus else 1)
+        try:  # a cell that cannot be built here (a device, its memory): its line, as its run would say it
+            plan([(label, cell_config(argv)) for label, argv, _ in todo], jobs, threads(jobs) if not n_gpus else 1)
+        except ValueError as e:
+            print(f"reproduce.py: error: {e}", file=sys.stderr)
+            return 2
         return 0
     try:
         return run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus)

@@ -147,7 +147,8 @@ def test_unusable_results_is_a_one_line_error_before_any_cell_runs(tmp_path, cap
 def test_ctrl_c_stops_the_sweep_with_one_line_on_the_console(tmp_path):
     """The cell's own line goes to its train.log; the console gets the sweep's."""
     p = subprocess.Popen([sys.executable, "reproduce.py", "--preset", "tiny", "--tasks", "bijection", "--models",
-                          "transformer,mlp", "--out", str(tmp_path / "o"), "--", "--max_iters", "100000"], cwd=ROOT,
+                          "transformer,mlp", "--out", str(tmp_path / "o"), "--jobs", "1", "--", "--max_iters", "100000"],
+                         cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=os.environ | {"OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c_as_in_a_terminal)
     log = tmp_path / "o" / "tiny+max_iters=100000" / "bijection_transformer" / "train.log"
@@ -321,3 +322,10 @@ def test_a_cells_folder_names_the_flags_that_change_what_it_trains():
     assert reproduce.budget("quick", ["--max_iters=50", "--device", "cpu", "--compile"]) == "quick+max_iters=50"
     assert reproduce.budget("tiny", ["--eval_K", "30", "50", "--per_position"]) == "tiny+eval_K=30,50+per_position"
     assert reproduce.budget("quick", ["--out_name", "a/b"]) == "quick+out_name=a_b"  # never a path
+
+
+def test_a_cell_the_plan_cannot_build_is_one_line(tmp_path, capsys):
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path), "--plan",
+                "--", "--batch_size", "300000000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--batch_size 300000000" in err and "GiB" in err, err
