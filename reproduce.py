@@ -143,8 +143,8 @@ def cores():  # the CPU cores this process may use
 
 def threads(jobs):
     """CPU threads of each of `jobs` cells at once: the cores shared out (OMP_NUM_THREADS, if set, is each cell's).
-    One thread each: two quick cells at once on 2 cores ran as fast each as alone, one cell on 2 threads slower
-    than on one (results/speed.md)."""
+    On 2 cores, two quick cells on one thread each ran 4-11% slower each than alone, where one cell on 2 threads
+    ran 1.6-1.8x faster than on one: two at a time does more (results/sweep.md)."""
     return int(os.environ.get("OMP_NUM_THREADS", "0").split(",")[0] or 0) or max(1, cores() // jobs)
 
 
