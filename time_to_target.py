@@ -32,7 +32,7 @@ import torch
 
 import checkpoints
 import oracles
-from hardware import describe, machine
+from hardware import describe, machine, syncer
 import presets
 import runtime
 from tasks import make_task
@@ -198,11 +198,6 @@ def table(rows):
 # reproduce.py --plan: what a sweep will cost, before it runs
 
 
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def cell_cost(cfg, threads, steps=4, warmup=2):
     """(seconds, seconds a step) of a cell run to its cap (max_iters): its training steps, timed after `warmup`
     untimed ones (a curriculum's longer stages counted by their length), and its evaluations (a pass of 250
@@ -215,12 +210,12 @@ def cell_cost(cfg, threads, steps=4, warmup=2):
         task, eval_tasks, model, opt, _ = train.build(cfg, dev)
         batches, (_, ctx) = train.Batches(task, tr, dev, 0, 1), runtime.autocast(tr["dtype"], dev)
         fwd = runtime.CompiledOrEager(model, False, print)
-        t0 = None
+        t0, sync = None, syncer(dev)
         for i in range(warmup + steps):
             t0 = time.time() if i == warmup else t0
             batch, stage = batches.get(i)
             train.update(fwd, model, stage, opt, batch, ctx, tr["grad_clip"])
-            sync(dev)
+            sync()
         t_step, t_eval = (time.time() - t0) / steps, {}
         for name, t in eval_tasks.items():
             t0 = time.time()
@@ -342,8 +337,7 @@ def sweep_line(out_root):
     """The table's first lines: the sweep of sweep.json (its command, start, machine, cells at a time, wall time),
     and its cells, or ([], None) without one."""
     try:
-        with open(os.path.join(out_root, "sweep.json"), encoding="utf-8") as f:
-            s = json.load(f)
+        s = checkpoints.read_json(os.path.join(out_root, "sweep.json"))
         wall = runtime.fmt_time(s["wall_s"]) if "wall_s" in s else "not finished"
         return [f"**One sweep**: `{s['command']}`, started {s['started']} on {s['machine']}, cells {s['jobs']} at a "
                 f"time; total wall time **{wall}**. A time marked * is a cell of an earlier sweep.", ""], s["cells"]
