@@ -27,14 +27,13 @@ import argparse
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
 
-if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    stop = lambda *_: os._exit(sys.stderr.write("bench.py: error: interrupted; nothing was written\n") and 2)
-    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
+if __name__ == "__main__":
+    from commandline import before_torch
+    before_torch("bench.py")
 
 import torch
 import torch.nn.functional as F
@@ -46,9 +45,12 @@ from hardware import bench_gpu, bench_matmul, best_time, describe, machine, matm
 from linear_attn import DEFAULT_CHUNK, RULES, memory
 import mamba
 from mamba import SCAN_MODES, selective_scan
+from commandline import Parser, check_sizes, cli, fault
 from oracles import Metrics
+from tasks import TASKS
 import presets
 import runtime
+import settings
 import train
 
 # -----------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def parse_kernel_args(p, argv, sizes=()):
     args = p.parse_args(argv)
     if args.reps < 1 or args.warmup < 0:  # every command times best-of --reps
         p.error(f"--reps must be >= 1 and --warmup >= 0, got --reps {args.reps} --warmup {args.warmup}")
-    runtime.check_sizes(p, args.threads, [args.seed], **{k: getattr(args, k) for k in sizes})
+    check_sizes(p, args.threads, [args.seed], **{k: getattr(args, k) for k in sizes})
     if not args.one and args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("CUDA is not available here")
     args.setting = (f"{args.device}{f', {args.threads} threads' if args.device == 'cpu' else ''}, "
@@ -152,13 +154,13 @@ def measure_train(task_name, model_name, size, args):
     torch.manual_seed(0)
     given = ({"device": args.device, "data_chunk": args.data_chunk}
              | ({"batch_size": args.batch_size} if args.batch_size else {}))
-    cfg = presets.build_config(task_name, model_name, size, given)
+    run = settings.run_of(task_name, model_name, size, given)
     dev = runtime.pick_device(args.device)
-    task, _, model, opt, _ = train.build(cfg, dev)
-    B, T = cfg["train"]["batch_size"], task.seq_len
+    (model, opt), task = train.build(run, dev), run.tasks["default"]
+    B, T = run.train["batch_size"], task.seq_len
     use_bf16, ctx = runtime.autocast(args.dtype, dev)  # as train.py --dtype
     fwd = torch.compile(model) if args.compile else model
-    g, chunk = runtime.data_source(cfg["train"], dev)
+    g, chunk = runtime.data_source(run.train, dev)
     batch = task.sample(B, g).to(dev, latent=False)  # as train.py: the oracle's float64 latents stay
 
     def step():
@@ -166,7 +168,7 @@ def measure_train(task_name, model_name, size, args):
             loss = task.loss(fwd(batch.x), batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["train"]["grad_clip"])
+        torch.nn.utils.clip_grad_norm_(model.parameters(), run.train["grad_clip"])
         opt.step()
 
     t_step, peak_mb = time_and_peak(step, dev, args.warmup, args.reps)  # first: the peak is the steps' own
@@ -181,11 +183,11 @@ def measure_train(task_name, model_name, size, args):
     cpu_batch = batch.to("cpu")
     t_oracle = best_time(lambda: Metrics().update(task, cpu_batch, out.cpu()), dev, 1, args.reps)
     peak = matmul_peak(dev, torch.bfloat16 if use_bf16 else torch.float32, args.peak_n, args.reps)
-    total = t_data + t_step + t_oracle / cfg["train"]["log_interval"]
+    total = t_data + t_step + t_oracle / run.train["log_interval"]
     return dict(task=task_name, model=model_name, size=size, params=model.num_params(), batch=B, seq_len=T,
                 step_s=t_step, tokens_per_s=B * T / t_step, gflop_per_step=flops / 1e9, flops_per_s=flops / t_step,
                 matmul_peak=peak, of_peak=flops / t_step / peak, peak_mb=peak_mb, data_s=t_data, oracle_s=t_oracle,
-                data_share=t_data / total, oracle_share=t_oracle / cfg["train"]["log_interval"] / total,
+                data_share=t_data / total, oracle_share=t_oracle / run.train["log_interval"] / total,
                 device=str(dev) + (" bf16" if use_bf16 else ""), threads=args.threads if dev.type == "cpu" else None,
                 data_device=str(g.device), data_chunk=chunk, scan_fwd_s=scan_fwd, scan_bwd_s=scan_bwd)
 
@@ -204,7 +206,7 @@ def row(m):
 def train_args(argv):
     """bench_train's flags, checked before any work: (args, the models, the sizes, the parser)."""
     p = parser("train", bench_train)
-    p.add_argument("--task", default="hmm", choices=list(presets.TASKS),
+    p.add_argument("--task", default="hmm", choices=list(TASKS),
                    help="the task whose sizes and batches to use (default hmm)")
     p.add_argument("--models", default=",".join(presets.MODELS),
                    help=f"comma-separated (default {','.join(presets.MODELS)})")
@@ -230,9 +232,9 @@ def train_args(argv):
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
     if min(args.threads, args.reps, args.peak_n) < 1 or min(args.warmup, args.batch_size, args.data_chunk) < 0:
         p.error("--threads, --reps and --peak_n must be >= 1, --warmup, --batch_size and --data_chunk >= 0")
-    runtime.check_sizes(p, args.threads)
+    check_sizes(p, args.threads)
     try:
-        presets.check_device(args.device)
+        settings.check_device(args.device)
         runtime.pick_device(args.device)
         if args.json:  # before the work, not after it
             checkpoints.check_out_file(args.json, "--json")
@@ -475,7 +477,7 @@ COMMANDS = {"matmul": bench_matmul, "train": bench_train, "scan": bench_scan, "m
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    p = presets.Parser(prog="bench.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
+    p = Parser(prog="bench.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False)
     p.add_argument("subcommand", choices=list(COMMANDS), help="matmul: this CPU and its matmul rates | train: "
                    "training throughput of every model | scan: mamba.py's scan modes | memory: linear_attn.memory's "
                    "two forms | gpu: a prepared check of a GPU or Mac")
@@ -485,10 +487,10 @@ def main(argv=None):
     try:
         return COMMANDS[argv[0]](argv[1:])
     except OSError as e:  # --json on a full or read-only disk, after the measurements
-        print(f"bench.py: error: {runtime.fault(e)}; the table above is the run's (nothing else was kept)",
+        print(f"bench.py: error: {fault(e)}; the table above is the run's (nothing else was kept)",
               file=sys.stderr)
         return 1
 
 
 if __name__ == "__main__":
-    runtime.cli(main, "bench.py", "nothing was written")
+    cli(main, "bench.py", "nothing was written")

@@ -1,22 +1,19 @@
 """
 A run's files: what a checkpoint holds and how a run resumes from it, files written whole, and the rules and
-the lock of a run's folder. Every script that writes goes through here; the devices, data-parallel and fault
-plumbing of a training process is runtime.py's (nanochat keeps checkpoint_manager.py apart from common.py so).
+the lock of a run's folder. Every script that writes goes through here, and it imports no file of the project: the
+plumbing knows nothing of tasks, models or settings. The devices, data-parallel and fault plumbing of a training
+process is runtime.py's (nanochat keeps checkpoint_manager.py apart from common.py so).
 
 - checkpoints hold tensors and plain values only, so they load with weights_only=True (checkpoint, resume);
-  load_checkpoint renames the fields of older checkpoints (n_embd -> d_model) so that they still load; load
-  gives a run's model (float64, eval mode) and task for analysis, build_model its initialisation too;
+  read_checkpoint refuses a file that is not one in a line (settings.load_checkpoint checks the run it names);
 - every file is written beside its name and renamed over it (write_file): a crash mid-write leaves the old
   file whole, and a failed write (a full disk, a file size limit) is Python's OSError naming the file;
 - a new run refuses a folder that holds another (run_files); a run locks its folder for its lifetime
   (lock_out_dir), and --overwrite sets the old run aside until the new one has saved (set_aside, settle_aside);
 - print0: only rank 0 speaks for a run; it is here, below runtime.py, since a lock taken over says so in a line;
-- what a run records of itself (code_version), and which of two runs' settings differ (setting_differs);
-- a request the machine's memory cannot hold is refused before it allocates, naming its flag (check_memory);
-  one that only takes long says how long, once, when it will take more than a minute (say_eta).
+- what a run records of itself (code_version), and which of two runs' settings differ (setting_differs).
 """
 import builtins
-import errno
 from contextlib import suppress
 from dataclasses import MISSING, fields
 import glob
@@ -34,10 +31,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from presets import fill_io, resolve_model
-from tasks import IO_FIELDS, make_task
-
-RUN_FILES = ("ckpt.pt", "results.json", "eval.json")  # and the snapshots ckpt_<step>.pt
+RUN_FILES = ("ckpt.pt", "results.json", "eval.json", "config.json")  # and ckpt_<step>.pt, and the diagnostics':
+RUN_GLOBS = ("ckpt_*.pt", "geometry_*.json", "geometry_*.png")  # what --overwrite sets aside with the run
 UMASK = os.umask(0o022)  # read by setting it: put back at once
 os.umask(UMASK)
 
@@ -80,41 +75,23 @@ def checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed, hist
                 **rng_state(device), iter=it, elapsed=elapsed, history=history, config=cfg, model_config=model_config)
 
 
-def load_checkpoint(path):
-    """A train.py checkpoint, checked as far as its weights (load_weights): its config builds its task and its
-    model's config, the task's inputs and outputs are the model's, its step is a step. Anything else, however the
-    file came to be (truncated, edited, another program's), is one ValueError naming it."""
+def read_checkpoint(path, missing=""):
+    """A checkpoint's dict, or a ValueError naming the file in one line: missing, not a regular file, or not a
+    readable train.py checkpoint. missing: what to say where there is none."""
     if not os.path.isfile(path):  # a FIFO or a device: torch.load would wait for ever, or read without end
-        raise ValueError(f"{path} is not a regular file" if os.path.exists(path) else f"no checkpoint at {path} " +
-                         (set_aside_note(os.path.dirname(path)) or "(train first, or pass the run's --out_dir)"))
+        raise ValueError(f"{path} is not a regular file" if os.path.exists(path) else f"no checkpoint at {path} "
+                         f"{missing}")
     # one message for every failure: torch's own would suggest weights_only=False, which runs the file's code
-    bad = f"{path}: not a readable train.py checkpoint"
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
         if not (isinstance(state, dict) and {"config", "model", "model_config", "iter"} <= set(state)):
             raise ValueError
     except Exception:
-        raise ValueError(f"{bad} (truncated or corrupt?)") from None
-    try:
-        cfg, mc = state["config"], state["model_config"]
-        for d in (mc, cfg.get("model_opts", {})):  # checkpoints from before d_model
-            if "n_embd" in d:
-                d["d_model"] = d.pop("n_embd")
-            d.pop("init_std", None)
-        Config, task = resolve_model(cfg["model"])[0], make_task(cfg["task"], **cfg["task_opts"])
-        Config(**mc)  # a field its model does not have: TypeError
-        odd = [k for k, ok in fits(state, Config).items() if not ok]
-        if odd:
-            raise TypeError(f"its {odd[0]} is not what train.py writes")
-        wrong = [(k, v) for k, v in fill_io(cfg["model"], task, {}).items() if mc.get(k, v) != v]  # train.py's
-        if wrong:
-            raise ValueError(f"its model's {wrong[0][0]} is {mc[wrong[0][0]]}, its task's {wrong[0][1]}")
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise ValueError(f"{bad} ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})") from None
+        raise ValueError(f"{path}: not a readable train.py checkpoint (truncated or corrupt?)") from None
     return state
 
 
-def fits(state, Config):
+def fits(state, Config, io_fields):
     """{part of a checkpoint: whether it is of the kind train.py writes} for the parts that a run resumes from
     (those absent pass: geometry.py reads checkpoints without them) and the model's settings, each of its
     config's type (an int where the default is an int, a float or an int where it is a float), but its I/O fields:
@@ -128,16 +105,7 @@ def fits(state, Config):
                 history=isinstance(state.get("history", []), list),
                 **{k: rng(state[k]) for k in ("torch_rng", "cuda_rng", "gen_state") if k in state},
                 **{f"model's {f.name}": isinstance(mc[f.name], kind(f.default)) for f in fields(Config)
-                   if f.name in mc and f.default not in (None, MISSING) and f.name not in IO_FIELDS})
-
-
-def run_record(run):
-    """What a run's folder says of its run where it has no results.json: its checkpoint's config and seed, or {}
-    (a folder of copied diagnostics)."""
-    if not os.path.exists(path := os.path.join(run, "ckpt.pt")):
-        return {}
-    config = load_checkpoint(path)["config"]
-    return dict(config=config, seed=config["train"]["seed"])
+                   if f.name in mc and f.default not in (None, MISSING) and f.name not in io_fields})
 
 
 def code_version():  # the git commit a run records in results.json, "-dirty" with edits
@@ -188,35 +156,8 @@ def resume(state, model, opt, batches, device, train):
         batches.gen.manual_seed(train["seed"] + state["iter"])
     return state["iter"], state["elapsed"], state["history"]
 
-# -----------------------------------------------------------------------------
-# a run's checkpoint as a model to analyse (geometry.py): float64, in eval mode
-
-
 def ckpt_path(path):
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-
-
-def build_model(state, trained=True, path="the checkpoint"):
-    """The checkpoint's model, or (trained=False) the run's initialisation, in float64 eval mode."""
-    if not trained:  # train.py seeds the global RNG with --seed, then builds the model
-        torch.manual_seed(state["config"]["train"]["seed"])
-    Config, Model = resolve_model(state["config"]["model"])  # a built-in name, or the class's file
-    model = Model(Config(**state["model_config"]))
-    if trained:
-        load_weights(model, state, path)
-    return model.double().eval()
-
-
-def load(path):
-    """(model, task, state) from a run's out_dir or a checkpoint file."""
-    path = ckpt_path(path)
-    state = load_checkpoint(path)
-    try:
-        return build_model(state, path=path), make_task(state["config"]["task"], **state["config"]["task_opts"]), state
-    except (KeyError, TypeError, RuntimeError) as e:
-        why = str(e).splitlines()[0][:80] if str(e) else ""
-        raise ValueError(f"{path} is not a train.py checkpoint ({type(e).__name__}: {why})") from None
-
 
 # -----------------------------------------------------------------------------
 # files: every write goes through a temporary name, so a crash mid-write leaves the old file whole
@@ -257,20 +198,6 @@ def remove_stale_tmp(folder):
             if TMP.fullmatch(f) and time.time() - _mtime(p) > STALE_S and os.path.isfile(p):
                 with suppress(OSError):
                     os.remove(p)
-
-
-def stdout_fault(e):
-    """A print's "No space left on device" names no file: stdout's, when stdout refuses even an empty write
-    (`> /dev/full`) or its disk is full, is said so, naming where stdout goes. Else None."""
-    if not isinstance(e, OSError) or e.filename or e.errno != errno.ENOSPC:
-        return None
-    try:
-        os.write(1, b"")
-        full = os.fstatvfs(1).f_bavail == 0
-    except OSError as err:
-        full = err.errno == errno.ENOSPC
-    where = os.path.realpath("/proc/self/fd/1") if os.path.exists("/proc/self/fd/1") else "its file"
-    return f"stdout ({where}) is full: {e.strerror}" if full else None
 
 
 def write_text(path, text):
@@ -345,9 +272,10 @@ def setting_differs(was, now, ignore=HOW_IT_RAN):
 
 
 def run_files(out_dir):
-    """What a run writes to its folder: another run there would mix with it."""
+    """What a run writes to its folder, and what geometry.py wrote of its model: another run there would mix with it."""
     names = [os.path.join(out_dir, f) for f in RUN_FILES]
-    return [p for p in names if os.path.exists(p)] + sorted(glob.glob(os.path.join(out_dir, "ckpt_*.pt")))
+    return [p for p in names if os.path.exists(p)] + sorted(p for g in RUN_GLOBS
+                                                            for p in glob.glob(os.path.join(glob.escape(out_dir), g)))
 
 
 def run_tmp_files(out_dir):
@@ -449,52 +377,3 @@ def settle_aside(out_dir, keep_new):
     shutil.rmtree(aside)
     return not keep_new
 
-# -----------------------------------------------------------------------------
-# requests the machine's memory cannot hold: refused in a line before they allocate, not ended by the kernel
-
-
-def machine_memory(device):  # bytes: the GPU's memory, else the machine's (0: unknown, then nothing is refused)
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
-
-
-def token_bytes(mc, backward, itemsize=4):
-    """At least the bytes a token holds in a forward pass (backward: and what its backward keeps): half of the 17
-    d_model floats a layer that a transformer's training step measured (bijection, 4,000 sequences: 26 KB a token),
-    so only what cannot fit is refused; without a d_model, the outputs and the batch's ids, targets and mask."""
-    width, layers = mc.get("d_model") or 0, mc.get("n_layer") or 1
-    outs = mc.get("n_classes") or mc.get("vocab_size") or 2
-    return itemsize * ((8 if backward else 2) * width * layers + 2 * outs) + 24
-
-
-def check_memory(flag, need, device, fix):
-    """Refuse `flag` if its estimated need (bytes) exceeds the memory of the machine (the GPU's on CUDA)."""
-    have = machine_memory(device)
-    if have and need > have:
-        gpu = "GPU " if device.type == "cuda" else ""
-        raise ValueError(f"{flag}: needs at least {need / 2**30:,.1f} GiB (an estimate), more than this machine's "
-                         f"{have / 2**30:.1f} GiB of {gpu}memory; {fix}")
-
-
-def check_run_memory(cfg, mc, train_len, eval_tasks, device):
-    """train.py's requests, before it allocates: a training step (a process's --batch_size) and an evaluation pass."""
-    train, opts = cfg["train"], " ".join(f"--{k} {v}" for k, v in cfg["task_opts"].items())
-    per_pass = min(train["eval_batch_size"] or 250, 250, max(train["eval_samples"], train["eval_samples_during"]))
-    check_memory(f"--batch_size {train['batch_size']} of {train_len}-token sequences" + f" ({opts})" * bool(opts),
-                 train["batch_size"] // int(os.environ.get("WORLD_SIZE") or 1) * train_len * token_bytes(mc, True),
-                 device, "use a smaller --batch_size" + (" or shorter sequences" if opts else ""))
-    name, task = max(eval_tasks.items(), key=lambda kv: kv[1].seq_len)
-    flag = f"--eval_K {name[1:]}" if name != "default" else f"evaluating {train_len}-token sequences"
-    check_memory(f"{flag} ({task.seq_len} tokens a sequence, {per_pass} a pass)",
-                 per_pass * task.seq_len * token_bytes(mc, False), device,
-                 "use a smaller --eval_K" if name != "default" else "use a smaller --eval_batch_size")
-
-
-def say_eta(flag, value, done, total, t0, after=60):
-    """One line, naming the flag, when the rest of a long request (done of total units since t0) will take more
-    than `after` seconds: its memory is bounded, its time is not."""
-    left = (time.time() - t0) * (total - done) / max(done, 1)
-    if left > after:
-        print0(f"{flag} {value}: about {f'{left / 3600:,.1f} h' if left >= 3600 else f'{left / 60:.0f} min'} more "
-               f"at this speed")

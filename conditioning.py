@@ -19,22 +19,21 @@ summary.md tabulates the numbers; results/conditioning.md reads them against the
 import json
 import math
 import os
-import signal
 import sys
 import time
 import warnings
 
-if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    stop = lambda *_: os._exit(sys.stderr.write("conditioning.py: error: interrupted; nothing was written\n") and 2)
-    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
+if __name__ == "__main__":
+    from commandline import before_torch
+    before_torch("conditioning.py")
 
 import torch
 
 import checkpoints
+from commandline import Parser, check_sizes, cli, str2bool
 from conditioning_memory import (FEATURES, capacity, capacity_figure, drift, drift_figure, propagation,
                                  propagation_figure, report_capacity, report_drift, report_propagation)
 from linear_attn import RULES, LinearAttention, LinearAttentionConfig
-import presets
 from presets import count_params
 import reproduce
 import runtime
@@ -233,7 +232,7 @@ CHOICES = dict(features=FEATURES, criterion=("threshold", "decode"), rule=RULES,
 
 
 def parse_args(argv):
-    p = presets.Parser(prog="conditioning.py", description=__doc__.strip().split("\n\n")[0], allow_abbrev=False)
+    p = Parser(prog="conditioning.py", description=__doc__.strip().split("\n\n")[0], allow_abbrev=False)
     commands = EXPERIMENTS + ("all", "summary")
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")
     for name in commands:
@@ -242,7 +241,7 @@ def parse_args(argv):
         for flag, (default, help, where) in FLAGS.items():
             if name == "all" or name in where or name == "summary" and flag == "results":
                 kw = dict(nargs="+", type=type(default[0])) if isinstance(default, list) else dict(type=type(default))
-                kw = dict(type=presets.str2bool) if isinstance(default, bool) else kw
+                kw = dict(type=str2bool) if isinstance(default, bool) else kw
                 sp.add_argument(f"--{flag}", default=default, choices=CHOICES.get(flag),
                                 help=f"{help} (default {default})", **kw)
     args = p.parse_args(argv)
@@ -261,8 +260,8 @@ def parse_args(argv):
             p.error(f"--threads must be >= 0 (0: torch's default), got {values[0]}")
         if flag in ("ws", "nd") and len(values) != len(default):
             p.error(f"--{flag} takes {len(default)} numbers: {FLAGS[flag][1]}")
-    runtime.check_sizes(p, getattr(args, "threads", None), [getattr(args, "seed", 0)])
-    runtime.check_sizes(p, seeds=getattr(args, "seeds", []), seed_flag="--seeds")
+    check_sizes(p, getattr(args, "threads", None), [getattr(args, "seed", 0)])
+    check_sizes(p, seeds=getattr(args, "seeds", []), seed_flag="--seeds")
     if hasattr(args, "norm_every") and args.norm_every >= args.steps:  # |S|_F twice at least: its growth
         p.error(f"--norm_every ({args.norm_every}) must be less than --steps ({args.steps})")
     try:
@@ -345,4 +344,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.cli(main, "conditioning.py", "the experiments already written are kept")
+    cli(main, "conditioning.py", "the experiments already written are kept")

@@ -37,33 +37,30 @@ its FIGURES function picks the claims table's figures, which main writes into th
 from functools import partial
 import glob
 import inspect
-import json
 import os
-import signal
 import sys
 
-if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    stop = lambda *_: os._exit(sys.stderr.write("geometry.py: error: interrupted; nothing was written\n") and 2)
-    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
+if __name__ == "__main__":
+    from commandline import before_torch
+    before_torch("geometry.py")
 
 import torch
 from einops import rearrange
 
-from checkpoints import (EVALUATION, HOW_IT_RAN, build_model, check_memory, check_out_dir, ckpt_path, load, read_json,
-                         run_record, setting_differs, to_json, token_bytes, write_file, write_json)
+from checkpoints import (EVALUATION, HOW_IT_RAN, check_out_dir, ckpt_path, read_json, setting_differs, to_json,
+                         write_file, write_json)
+from commandline import Parser, cli, fault, seed_arg
 from geometry_attention import (KEY_TASKS, ablate, ablate_figures, dynamics, dynamics_figures, keys,
                                 keys_figures, qk, qk_figures, trajectory)
 from geometry_stats import (BELIEF_EPS, abs_corr, belief_figures, belief_kl, claims, clusters_figures, final_streams,
                             manifold_stats, probe, r2, state_clusters, subsample, values_figures)
-from oracles import entropy_bits, held_out, oracle
-from presets import Parser
-from runtime import cli, fault, pyplot, seed_arg
+from oracles import entropy_bits, oracle
+from runtime import check_memory, pyplot, token_bytes
+from settings import build_model, load, run_record
 from tasks import make_task
 from transformer import Transformer
 
 DIAGNOSTICS = ("keys", "qk", "values", "dynamics", "trajectory", "ablate", "clusters", "belief")  # `all`'s order
-ENTROPY_TASKS = ("bijection", "hmm")  # posterior entropy varies across scored positions
-BELIEF_TASKS = ("bijection", "hmm", "regression")  # a posterior vector; recall's and hop's are point masses
 STREAMS = ("values", "clusters", "belief")  # read every layer's hidden states: forward(x, return_internals=True)
 STREAM_LAYOUT = "layers=[{'x': (B, T, d) input of each layer}, ...], final=(B, T, d) what the head reads"
 
@@ -133,7 +130,7 @@ def final_layer(model, task, batch, args, by_state=False):
         for name, X in (("before_norm", before[m]), ("after_norm", after[m])):
             stats, coords[site, name] = manifold_stats(X, H, position=pos)  # state_clusters: the silhouette
             if by_state:
-                stats |= state_clusters(X, states, task.n_states, args.max_points, args.n_perm)
+                stats |= state_clusters(X, states, task.n_classes, args.max_points, args.n_perm)
             out[site][name] = stats
     return out, coords
 
@@ -383,26 +380,52 @@ def lacks(name, model, mc):
     return None
 
 
-def why_not(name, cfg, path, model, mc):
-    """None if the diagnostic applies to this checkpoint, else the reason."""
-    task = cfg["task"]
-    if name in ("values", "dynamics") and task not in ENTROPY_TASKS:
-        return f"{name} needs a task whose posterior entropy varies ({', '.join(ENTROPY_TASKS)}), not {task!r}"
-    if name == "clusters" and task != "hmm":
-        return f"clusters needs an hmm checkpoint (hidden states), not {task!r}"
-    if name == "belief" and task not in BELIEF_TASKS:
-        what = dict(recall="the bound value", hop="the k-hop successor").get(task, "one answer")
-        return (f"belief needs a task whose posterior is a vector ({', '.join(BELIEF_TASKS)}): "
-                f"{task}'s is a point mass on {what}, nothing to probe")
+def posterior_kind(task, n=64):
+    """What the task's posterior is at its scored positions, read off n sequences of its own: (Gaussian, every one a
+    point mass, its entropy varies across positions, its top answer ties with another at most of them)."""
+    batch = task.sample(n, torch.Generator().manual_seed(0))
+    if task.gaussian:
+        return True, False, True, False
+    p = oracle(task, batch)[batch.mask]
+    top2 = p.topk(min(2, p.shape[1]), -1).values
+    H = entropy_bits(p).view(n, -1).mean(0)  # the mean entropy at each scored position
+    return False, bool((p.max(-1).values > 1 - 1e-12).all()), bool(H.std() > 1e-9) if len(H) > 1 else False, \
+        bool((top2[:, 0] - top2[:, -1] < 1e-12).double().mean() > 0.5)
+
+
+def why_not(name, cfg, path, model, mc, task):
+    """None if the diagnostic applies to this checkpoint, else the reason: what it reads of the task's contract (its
+    posterior: categorical, an entropy that varies, not point masses, a top answer), and of the model (lacks)."""
+    spec = cfg["task"]
+    gaussian, point, varies, tied = posterior_kind(task)
+    if name in ("values", "dynamics") and (gaussian or not varies):
+        return (f"{name} needs a task whose categorical posterior's entropy varies across its scored positions "
+                f"(bijection, hmm), not {spec!r}")
+    if name == "clusters" and (gaussian or point or tied):
+        return (f"clusters needs a categorical posterior with a top answer (hmm's hidden state), not {spec!r}'s"
+                + (" point masses" if point else " ties" if tied else ""))
+    if name == "belief" and point:
+        return (f"belief needs a task whose posterior is a vector (bijection, hmm, regression): {spec}'s is a point "
+                f"mass on one answer, nothing to probe")
     if (why := lacks(name, model, mc)) is not None:
         return why
-    if name in ("keys", "qk") and task not in KEY_TASKS:
-        return f"{name} needs a task with hypothesis tokens, not {task!r}"
+    if name in ("keys", "qk") and spec not in KEY_TASKS and task.answer_offset is None:
+        return f"{name} needs a task with hypothesis tokens (its answers are tokens: answer_offset), not {spec!r}"
     if name == "trajectory" and (task != "bijection" or cfg["task_opts"].get("layout", "separate") != "separate"):
         return "trajectory needs a bijection run in the authors' separate layout, their dense run's task"
     if name in ("dynamics", "trajectory") and not glob.glob(os.path.join(path, "ckpt_*.pt")):
         return f"{name} needs snapshot checkpoints ckpt_*.pt in {path} (train with --ckpt_schedule log or dense)"
     return None
+
+
+def held_out(task, n, seed, draw=250):
+    """The first n sequences of train.evaluate's held-out stream (the diagnostics' batch): from `seed`, `draw` at
+    a time (its batch_size), as one tasks.Batch."""
+    g = torch.Generator().manual_seed(seed)
+    parts = [task.sample(draw, g) for _ in range(-(-n // draw))]
+    cat = lambda ts: torch.cat(list(ts))[:n]
+    return type(parts[0])(cat(b.x for b in parts), cat(b.y for b in parts), cat(b.mask for b in parts),
+                          {k: cat(b.latent[k] for b in parts) for k in parts[0].latent})
 
 
 def check_geometry_memory(args, task, mc, attention):
@@ -453,7 +476,7 @@ def main(argv=None):
             if cfg["task"] != "hmm":
                 raise ValueError(f"--K applies to hmm checkpoints only, not {cfg['task']!r}")
             task = make_task("hmm", **cfg["task_opts"] | dict(K=args.K))
-        why = {n: why_not(n, cfg, args.ckpt, model, state["model_config"]) for n in DIAGNOSTICS
+        why = {n: why_not(n, cfg, args.ckpt, model, state["model_config"], task) for n in DIAGNOSTICS
                if args.diagnostic in (n, "all")}
         names = [n for n, w in why.items() if w is None]
         if args.diagnostic != "all" and why[args.diagnostic]:

@@ -27,10 +27,12 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from checkpoints import build_model, ckpt_path, load, load_checkpoint
-from geometry_stats import (AUTHORS_DENSE, concentration, final_streams, frame_ratio, jlens_mae, jlens_tokens,
-                            manifold_stats, offdiag_abs_cos, offdiag_cos, value_protocols)
-from oracles import entropy_bits, entropy_mae, js_bits, key_positions_mae, oracle
+from checkpoints import ckpt_path
+from geometry_stats import (AUTHORS_DENSE, concentration, entropy_mae, final_streams, frame_ratio, jlens_mae,
+                            jlens_tokens, js_bits, key_positions_mae, manifold_stats, offdiag_abs_cos, offdiag_cos,
+                            value_protocols)
+from oracles import entropy_bits, oracle
+from settings import build_model, load, load_checkpoint
 from transformer import Transformer, attn_bias
 
 KEY_TASKS = ("bijection", "hmm", "recall", "hop")  # tasks with hypothesis tokens (hypothesis_tokens)

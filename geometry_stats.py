@@ -41,8 +41,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from checkpoints import say_eta
-from oracles import LOG2, entropy_bits, gaussian_kl_bits
+from oracles import LOG2, Metrics, entropy_bits, gaussian_kl_bits, oracle
+from runtime import say_eta
 
 # -----------------------------------------------------------------------------
 # points: cosines, principal axes, linear probes, clusters
@@ -494,3 +494,32 @@ def claims(runs, found, diagnostics):
             else:
                 figures[name] = spread(values)
     return figures, missing
+
+# -----------------------------------------------------------------------------
+# a model's metrics on one batch (the ablations and the dynamics), and how far two attention maps are
+
+
+def entropy_mae(model, task, batch, **kw):
+    """The metrics of model(x, **kw) on one batch, without the curves and standard errors (the ablations)."""
+    m = Metrics()
+    x = batch.x.double() if batch.x.is_floating_point() else batch.x  # real inputs (regression) meet a float64 model
+    m.update(task, batch, model(x, **kw))
+    return {k: v for k, v in m.result(task).items()
+            if not isinstance(v, list) and k != "n_sequences" and not k.endswith("_se")}
+
+
+def key_positions_mae(model, task, batch, **kw):
+    """The bijection query layout's per-token MAE at its key positions only, its final query (the recall of a
+    seen key) left out: the authors' statistic for that layout (jlens reconcile_frame_head.py,
+    paired_calibration_mae: every prefix k1 v1 .. k_t, the entropy at k_t against log2(V - t + 1))."""
+    keys = batch.mask.clone()
+    keys[:, -1] = False
+    H_model = entropy_bits(F.softmax(task.answers(model(batch.x, **kw)).double(), -1)[keys])
+    return (H_model - entropy_bits(oracle(task, batch)[keys])).abs().mean().item()
+
+
+def js_bits(p, q):
+    """Jensen-Shannon divergence in bits between distributions on the last dim, in [0, 1]."""
+    m = (p + q) / 2
+    kl = lambda a: torch.where(a > 0, a * (a.log() - m.log()), torch.zeros_like(a)).sum(-1)
+    return (kl(p) + kl(q)) / (2 * LOG2)

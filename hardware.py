@@ -15,7 +15,6 @@ paths work. bench.py's benchmarks and time_to_target.py stand on the first two; 
 from dataclasses import replace
 import math
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -26,16 +25,18 @@ import torch
 from torch._dynamo.utils import counters
 
 import checkpoints
+from commandline import Parser, check_sizes
 from mamba import SCAN_MODES, selective_scan
 import presets
 import runtime
+import settings
 import train
 
 
 def parser(command, fn):
     """The flags parser of a bench.py subcommand (these two and bench.py's own); its description is the first
     paragraph of fn's docstring."""
-    return presets.Parser(prog=f"bench.py {command}", description=fn.__doc__.split("\n\n")[0].strip(),
+    return Parser(prog=f"bench.py {command}", description=fn.__doc__.split("\n\n")[0].strip(),
                           allow_abbrev=False)
 
 
@@ -83,23 +84,12 @@ def best_time(fn, dev, warmup, reps):
 # the CPU: what a wall time was measured on, and the rate that carries it to another CPU
 
 
-def cpu_flags():
-    """(model name, set of ISA flags) from /proc/cpuinfo on Linux; elsewhere platform's name and no flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
-        info = {k.strip(): v.strip() for k, v in info.items()}
-        return info.get("model name") or platform.processor(), set(info.get("flags", "").split())
-    except OSError:
-        return platform.processor() or platform.machine(), set()
-
-
 def machine(threads, n=1024, reps=3):
     """What a wall time was measured on: the CPU's name, its widest vector ISA (AMX > AVX-512 > AVX2 > torch's
     own reading of it, e.g. NEON on an Arm Mac), whether it multiplies bf16 natively, and the fp32 n x n
     matmul rate (GFLOP/s, best of reps) on `threads` threads, the rate that scales a time to another CPU
     (scaled_time)."""
-    name, flags = cpu_flags()
+    name, flags = runtime.cpu_flags()
     isa = ("AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags
            else torch.backends.cpu.get_cpu_capability())
     bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
@@ -161,7 +151,7 @@ def bench_matmul(argv):
     args = p.parse_args(argv)
     if min(args.threads, args.n, args.reps) < 1 or not args.ref_gflops > 0:
         p.error("--threads, --n and --reps must be >= 1 and --ref_gflops > 0")
-    runtime.check_sizes(p, args.threads)
+    check_sizes(p, args.threads)
     free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
     if free and 3 * 4 * args.n ** 2 > free:  # a, b and a @ b in fp32
         p.error(f"--n {args.n}: three {args.n} x {args.n} matrices need {12 * args.n ** 2 / 2**30:.1f} GiB, "
@@ -198,8 +188,8 @@ class Skip(Exception):
 
 
 def gpu_config(task, model, preset, args, **given):
-    """build_config for a cell; under --dry_run the tiny preset's (reproduce.py's tiny cells)."""
-    return presets.build_config(task, model, "tiny" if args.dry_run else preset, given | dict(device=args.device))
+    """A cell's run (settings.run_of); under --dry_run the tiny preset's (reproduce.py's tiny cells)."""
+    return settings.run_of(task, model, "tiny" if args.dry_run else preset, given | dict(device=args.device))
 
 
 def train_cell(args, dev, task_name, model_name, preset, compile=False, evaluate=False):
@@ -207,22 +197,22 @@ def train_cell(args, dev, task_name, model_name, preset, compile=False, evaluate
     must not fall back to eager), timed; with evaluate, one held-out evaluation of 250 sequences after them. The
     loss and the metrics must be finite. Peak MB: what the steps and the evaluation added to the model."""
     torch.manual_seed(0)
-    cfg = gpu_config(task_name, model_name, preset, args)
-    task, _, model, opt, _ = train.build(cfg, dev)
+    run = gpu_config(task_name, model_name, preset, args)
+    (model, opt), task = train.build(run, dev), run.tasks["default"]
     use_bf16, ctx = runtime.autocast("auto", dev)
     fell_back = []
     fwd = runtime.CompiledOrEager(model, compile, fell_back.append)
-    gen, _ = runtime.data_source(cfg["train"], dev, task)
-    B = cfg["train"]["batch_size"]
+    gen, _ = runtime.data_source(run.train, dev, task)
+    B = run.train["batch_size"]
     batch = task.sample(B, gen).to(dev, latent=False)
     losses = []
 
     def step():
-        losses.append(train.update(fwd, model, task, opt, batch, ctx, cfg["train"]["grad_clip"])[1].detach())
+        losses.append(train.update(fwd, model, task, opt, batch, ctx, run.train["grad_clip"])[1].detach())
 
     t, peak = time_and_peak(step, dev, 1, args.steps)  # the warm-up step compiles
     if evaluate:
-        n = cfg["train"]["eval_samples_during"] if args.dry_run else 250
+        n = run.train["eval_samples_during"] if args.dry_run else 250
         r = {}
         peak = max(peak, time_and_peak(lambda: r.update(train.evaluate(fwd, task, n, 0, dev, ctx, B)), dev, 0, 1)[1])
         if not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):
@@ -240,10 +230,10 @@ def lengths_cell(args, dev):
     or the evaluation lengths, feed it), dynamo's recompile limit at 2: a graph per length would fail at the third
     and run eager."""
     torch.manual_seed(0)
-    cfg = gpu_config("hmm", "mamba", "quick", args)
-    task, _, model, opt, _ = train.build(cfg, dev)
+    run = gpu_config("hmm", "mamba", "quick", args)
+    (model, opt), task = train.build(run, dev), run.tasks["default"]
     _, ctx = runtime.autocast("auto", dev)
-    gen, _ = runtime.data_source(cfg["train"], dev, task)
+    gen, _ = runtime.data_source(run.train, dev, task)
     fell_back = []
     fwd = runtime.CompiledOrEager(model, True, fell_back.append)
     counters.clear()
@@ -298,15 +288,15 @@ def scan_cell(dev, mode):
                      f"{'the CPU' if mode == 'sequential' else 'sequential'}")
 
 
-def sync_free_step(cfg, dev):
+def sync_free_step(run, dev):
     """A training step with CUDA's sync detector on: any read of a device value by the host raises. The first step
     sets up CUDA and the optimizer state, which may sync. On another device the steps run unchecked (Skip)."""
-    task, _, model, opt, _ = train.build(cfg, dev)
-    gen, _ = runtime.data_source(cfg["train"], dev)
+    (model, opt), task = train.build(run, dev), run.tasks["default"]
+    gen, _ = runtime.data_source(run.train, dev)
     _, ctx = runtime.autocast("auto", dev)
 
     fwd = runtime.CompiledOrEager(model, False)
-    step = lambda b: train.update(fwd, model, task, opt, b, ctx, cfg["train"]["grad_clip"])  # train.py's own
+    step = lambda b: train.update(fwd, model, task, opt, b, ctx, run.train["grad_clip"])  # train.py's own
 
     step(task.sample(8, gen))
     if dev.type != "cuda":
@@ -404,7 +394,7 @@ def bench_gpu(argv):
     p.add_argument("--checks", default=",".join(GPU_CHECKS), help=f"comma-separated (default {','.join(GPU_CHECKS)})")
     p.add_argument("--models", default=",".join(presets.MODELS), help="comma-separated, for train and compile "
                    f"(default {','.join(presets.MODELS)})")
-    p.add_argument("--task", default="hmm", choices=list(presets.PRESETS["tiny"]),
+    p.add_argument("--task", default="hmm", choices=list(presets.TINY_TASK),
                    help="the task of train, compile and nccl (default hmm)")
     p.add_argument("--steps", type=int, default=0, help="timed training steps per cell (default 5; 2 with --dry_run)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
@@ -417,10 +407,10 @@ def bench_gpu(argv):
             p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}")
     if args.steps < 0 or args.threads < 1:
         p.error("--steps must be >= 0 and --threads >= 1")
-    runtime.check_sizes(p, args.threads)
+    check_sizes(p, args.threads)
     args.steps = args.steps or (2 if args.dry_run else 5)
     try:
-        presets.check_device(args.device)
+        settings.check_device(args.device)
         dev = runtime.pick_device(args.device)
         checkpoints.check_out_file(args.json, "--json")
     except ValueError as e:

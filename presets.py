@@ -1,35 +1,34 @@
 """
-Settings: the training defaults (TRAIN), the presets per task and model, and the command line that layers them
-(defaults < preset < flags; --model: a name in MODELS or a class from any file, resolve_model), for every script.
+The settings a run is built from: the models by name (MODELS, or a class from any file: resolve_model), the
+training defaults (TRAIN), and the presets per task and model; how a model's config takes its task's inputs and
+outputs and a width matched to a parameter count. settings.py layers them (defaults < preset < flags) into a run.
 
 Presets: `quick` (the default, sized for a 2-core CPU), `paper` (the paper's sizes and schedules, for a GPU),
-`cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum) and `authors` (the bijection
-under the recipe and model of the authors' released dense run). Each entry holds `train`
-(training-loop settings), `task` (task options) and one dict per model (its options, and under `train` its own
-training settings, e.g. its optimizer). The paper sizes follow the paper (arXiv 2512.22471) and the authors'
-released code; the quick sizes were chosen by measurement on a 2-core CPU (results/table.md: what they reach, how
-long each takes). `mlp_pos` holds the options of the MLP's other reading (`--model mlp --per_position`), a row of
-its own in reproduce.py. `match_width` matches a model's capacity to a parameter budget (train.py --match_params).
+`cpu_paper_task` (quick, but recall at the paper's size, grown to it by a curriculum), `authors` (the bijection
+under the recipe and model of the authors' released dense run) and `tiny` (the quick cells at toy sizes, for
+tests). Each task entry holds `train` (training-loop settings), `task` (task options) and one dict per model (its
+options, and under `train` its own training settings, e.g. its optimizer); an entry "any task" serves a task
+without its own (a file's task, hop), "any model" a model without its own (tiny's sizes). The paper sizes follow
+the paper (arXiv 2512.22471) and the authors' released code; the quick sizes were chosen by measurement on a 2-core
+CPU (results/table.md: what they reach, how long each takes). `mlp_pos` holds the options of the MLP's other
+reading (`--model mlp --per_position`), a row of its own in reproduce.py.
+
+The quick table compares like with like: each task's stop rule (a target, the same plateau rule, the same cap
+and checks) is its entry's `train`, and no model's entry changes it (tests/test_train.py holds that); a model's
+entry may change how it trains (optimizer, rate, batch), not when it stops.
 """
-import argparse
 from dataclasses import fields, is_dataclass
-import difflib
-import functools
-import importlib.util
-import inspect
-import math
 import os
-import re
 import sys
-import traceback
 
 import torch
 
+from commandline import is_spec, load_class
 from linear_attn import LinearAttention, LinearAttentionConfig
 from lstm import LSTM, LSTMConfig
 from mamba import Mamba, MambaConfig
 from mlp import MLP, MLPConfig
-from tasks import IO_FIELDS, TASKS, check_curriculum, curriculum_note, make_task
+from tasks import IO_FIELDS
 from transformer import Transformer, TransformerConfig
 
 MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba),
@@ -65,7 +64,8 @@ TRAIN = {  # name: (default, help); presets and flags override
     "lr": (1e-3, "peak learning rate"),
     "min_lr_ratio": (0.1, "final learning rate as a fraction of --lr (cosine decay)"),
     "lr_schedule": ("nanogpt", "nanogpt: step it's rate, (it + 1) / (warmup + 1) of --lr in the warmup | authors: "
-                               "their scripts' (jlens), s = it + 1: s / warmup of --lr, then the cosine from s = warmup"),
+                               "their scripts' (jlens), s = it + 1: s / warmup of --lr, then the cosine from "
+                               "s = warmup"),
     "warmup_iters": (100, "linear warmup steps"),
     "weight_decay": (0.01, "AdamW weight decay (on --weight_decay_on)"),
     "weight_decay_on": ("matrices", "matrices: matrices and embeddings | all: every parameter, gains and biases too "
@@ -101,52 +101,40 @@ CHOICES = {"device": None, "dtype": ("auto", "float32", "bfloat16"), "optimizer"
            "lr_schedule": ("nanogpt", "authors"), "weight_decay_on": ("matrices", "all")}
 RESUME_STATE = ("optimizer", "gen_state", "torch_rng", "elapsed", "history")  # what a checkpoint gives a resumed run
 HEADER_ROWS = "header + 1"  # a preset's n_pos: a row per header token, then one shared (with_header_rows)
+STOP_RULE = ("stop_at", "patience", "max_iters", "eval_interval", "eval_samples_during")  # a task's, not a model's
 RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "patience", "log_interval",
              "eval_interval", "eval_samples", "eval_samples_during", "eval_K", "ckpt_schedule",
              "eval_batch_size")  # may change on --resume/--eval_only
 
 
-def TARGET(spec):
-    """A cell that stops at its target (--stop_at) or its schedule's end, not on a plateau (--patience)."""
-    return dict(stop_at=spec, patience=0)
-
-
-# quick: each cell stops at its target or, without one, once its held-out KL stops improving (--patience 4). A target
-# is the paper's figure in the authors' convention (bijection mean-curve, hmm per token, recall accuracy) where the
-# paper's model succeeds, or the cell's figure of the longer schedules before these rules where the quick model does
-# not reach the paper's (the bijection) or the paper has none (regression); results/table.md: where each stopped.
 PRESETS = {
     "quick": {  # sized for a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%
         "bijection": dict(train=dict(max_iters=6000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=250,
-                                     patience=4),
+                                     patience=4, stop_at="mae_curve<=0.01"),
                           # the transformer: Muon, at half the batch and twice the rate (results/time_to_target.md)
                           transformer=dict(n_layer=3, n_head=4, d_model=128,
-                                           train=dict(optimizer="muon", batch_size=32, lr=4e-3,
-                                                      **TARGET("mae_curve<=0.0077"))),
+                                           train=dict(optimizer="muon", batch_size=32, lr=4e-3)),
                           # Mamba: Muon reaches 0.0137 at step 3,750 where AdamW had 0.0150 at 6,000 (results/table.md)
-                          mamba=dict(n_layer=2, d_model=128,
-                                     train=dict(optimizer="muon", **TARGET("mae_curve<=0.0150"))),
-                          lstm=dict(n_layer=2, d_model=192, train=TARGET("mae_curve<=0.0103")),
+                          mamba=dict(n_layer=2, d_model=128, train=dict(optimizer="muon")),
+                          lstm=dict(n_layer=2, d_model=192),
                           mlp=dict(n_layer=6, d_model=197), mlp_pos=dict(n_layer=6, d_model=220, per_position=True)),
         # hmm transformer: Muon leaves the plateau AdamW sits on; a learned row per header token (which cell of T
         # or E it is) and one shared row for the observations, ALiBi giving their order, so K = 30 and 50 meet no
         # untrained position; a 16-token window besides the header, so its share of attention does not dilute past
         # the trained K. hmm Mamba: the same header rows, and the authors' LayerNorm on y (results/mamba.md)
         "hmm": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_K=[30, 50],
-                               eval_interval=250, patience=4),
+                               eval_interval=250, patience=4, stop_at="mae_token<=0.024"),
                     transformer=dict(n_layer=4, n_head=4, d_model=96, pos="learned_alibi", n_pos=HEADER_ROWS, window=16,
-                                     train=dict(optimizer="muon", **TARGET("mae_token<=0.049"))),
-                    mamba=dict(n_layer=3, d_model=64, pos="learned", n_pos=HEADER_ROWS, y_norm=True,
-                               train=TARGET("mae_token<=0.024")),
+                                     train=dict(optimizer="muon")),
+                    mamba=dict(n_layer=3, d_model=64, pos="learned", n_pos=HEADER_ROWS, y_norm=True),
                     lstm=dict(n_layer=2, d_model=166, pos="none"),
                     mlp=dict(n_layer=6, d_model=113), mlp_pos=dict(n_layer=6, d_model=185, per_position=True)),
         # regression: the inputs vary in 2 of the 8 dimensions at first, all 8 from step 1,000 (Garg et al.); the
-        # transformer trains 7,000 steps with 6 layers at its parameter count, where depth helped (results/regression.md)
+        # transformer has 6 layers at its parameter count, where depth helped (results/regression.md)
         "regression": dict(train=dict(max_iters=4000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=250,
-                                      patience=4, curriculum="d_active=2", curriculum_iters=1000),
-                           transformer=dict(n_layer=6, n_head=4, d_model=104,
-                                            train=dict(optimizer="muon", max_iters=7000,
-                                                       **TARGET("mae_curve<=0.0191"))),
+                                      patience=4, stop_at="mae_token<=0.05", curriculum="d_active=2",
+                                      curriculum_iters=1000),
+                           transformer=dict(n_layer=6, n_head=4, d_model=104, train=dict(optimizer="muon")),
                            mamba=dict(n_layer=2, d_model=128), lstm=dict(n_layer=2, d_model=222),
                            mlp=dict(n_layer=6, d_model=235), mlp_pos=dict(n_layer=6, d_model=255, per_position=True)),
         # recall: fewer pairs than the paper so it trains in minutes. ALiBi's recency bias (16 heads, the
@@ -155,17 +143,25 @@ PRESETS = {
         # 4-8 ALiBi heads for some seeds, training sat on the "any stored value" plateau (loss ln N) for thousands
         "recall": dict(task=dict(n_pairs=8, n_queries=8, key_vocab=32, value_vocab=32, filler=4),
                        train=dict(max_iters=1500, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=100,
-                                  patience=4),
-                       # the transformer stops at 99.9% on a check every 50 steps; its short schedule gets there in
+                                  patience=4, stop_at="accuracy>=0.999"),
+                       # the transformer: a rate of 6e-3 decayed over 300 steps, then held at its floor, gets there in
                        # fewer steps than lr 2e-3 over 1,500 did (results/time_to_target.md)
                        transformer=dict(n_layer=2, n_head=16, d_model=128, pos="alibi",
-                                        train=dict(optimizer="muon", **TARGET("accuracy>=0.999"), eval_interval=50,
-                                                   lr=6e-3, warmup_iters=50, max_iters=300)),
-                       # Mamba binds with 32 state dimensions per channel and Muon; with 16 it did not (results/mamba.md)
-                       mamba=dict(n_layer=2, d_model=128, d_state=32,
-                                  train=dict(optimizer="muon", **TARGET("accuracy>=0.978"))),
+                                        train=dict(optimizer="muon", lr=6e-3, warmup_iters=50, lr_decay_iters=300)),
+                       # Mamba binds with 32 state dimensions a channel and Muon; with 16 it did not (results/mamba.md)
+                       mamba=dict(n_layer=2, d_model=128, d_state=32, train=dict(optimizer="muon")),
                        lstm=dict(n_layer=2, d_model=154),
                        mlp=dict(n_layer=4, d_model=156), mlp_pos=dict(n_layer=4, d_model=215, per_position=True)),
+        # a task without an entry of its own (a file's, hop) under the generic settings and its own defaults
+        # (Task.defaults, over these); every model but Mamba matched to the transformer's parameter count
+        "any task": dict(train=dict(max_iters=3000, batch_size=64, lr=2e-3, warmup_iters=100, eval_interval=250,
+                                    patience=4),
+                         transformer=dict(n_layer=3, n_head=4, d_model=96, train=dict(optimizer="muon")),
+                         mamba=dict(n_layer=2, d_model=96, train=dict(optimizer="muon")),
+                         lstm=dict(n_layer=2, train=dict(match_params=-1)),
+                         mlp=dict(n_layer=6, train=dict(match_params=-1)),
+                         mlp_pos=dict(n_layer=6, per_position=True, train=dict(match_params=-1)),
+                         linear_attn=dict(train=dict(match_params=-1))),
     },
     "paper": {  # the paper's sizes and schedules, for a GPU
         "bijection": dict(train=dict(max_iters=100_000, batch_size=128, lr=3e-4, warmup_iters=2000, weight_decay=0.1,
@@ -225,7 +221,7 @@ PRESETS["authors"] = dict(bijection=dict(
                      head_vocab=True, block_size=38)))
 
 # tiny: the quick cells for a few steps at toy sizes, for tests (reproduce.py and train.py --preset tiny): each task's
-# training settings and options, and of SIZES those a model's config has (a model from a file too: `any`)
+# training settings and options, and of SIZES those a model's config has (a model from a file too: "any model")
 SIZES = dict(n_layer=1, n_head=2, d_state=4, d_flat=4, d_model=16)
 TINY_TRAIN = dict(max_iters=4, batch_size=8, log_interval=2, eval_interval=4, eval_samples=20, eval_samples_during=10,
                   device="cpu", curriculum="")
@@ -234,59 +230,38 @@ TINY_TASK = dict(bijection=dict(V=6), hmm=dict(K=4, n_states=3, n_obs=3), regres
 
 
 def shrunk(quick, train, task):
-    """A quick task entry at tiny sizes, its training settings (each model's own too) and task options overridden."""
-    def small(name, opts):
-        names = {f.name for f in fields(MODELS["mlp" if name == "mlp_pos" else name][0])}
-        return opts | {k: v for k, v in SIZES.items() if k in names} | ({"train": opts["train"] | train}
-                                                                        if "train" in opts else {})
-    return dict(quick, train=quick["train"] | train, task=quick.get("task", {}) | task, any=SIZES,
+    """A quick task entry at tiny sizes: its training settings and task options overridden, each model's options
+    at SIZES (those its config has); a model's own training settings (its optimizer) kept."""
+    small = lambda name, opts: opts | {k: v for k, v in SIZES.items()
+                                       if k in {f.name for f in fields(MODELS["mlp" if name == "mlp_pos" else name][0])}}
+    return dict(quick, train=quick["train"] | train, task=quick.get("task", {}) | task, **{"any model": SIZES},
                 **{m: small(m, opts) for m, opts in quick.items() if m not in ("train", "task")})
 
 
 PRESETS["tiny"] = {task: shrunk(PRESETS["quick"][task], TINY_TRAIN | ({"eval_K": [6]} if task == "hmm" else {}), opts)
-                   for task, opts in TINY_TASK.items()}
+                   for task, opts in (TINY_TASK | {"any task": {}}).items()}
+
+
 
 
 # -----------------------------------------------------------------------------
-# command line
+# a model by its name, or a class from a file
 
 
 def resolve_model(spec):
     """(Config, Model) of --model, its config the @dataclass <Class>Config in its file; a bad spec: a one-line error."""
     if spec in MODELS:
         return MODELS[spec]
-    where, _, name = spec.rpartition(":")
-    if not (where and name.isidentifier()):
+    if not is_spec(spec):
         raise ValueError(f"{spec}: not a model; give one of {', '.join(MODELS)}, PATH.py:Class or module:Class")
-    try:
-        module = load_module(os.path.abspath(where) if where.endswith(".py") else where)
-    except (FileNotFoundError, ModuleNotFoundError) as e:  # the file or module, or a module that the file imports
-        what = f"file {e.filename}" if isinstance(e, OSError) else f"module named {e.name}"
-        how = (f" (put its folder on PYTHONPATH, or give its file: {where.replace('.', '/')}.py:{name})"
-               if isinstance(e, ModuleNotFoundError) and (where + ".").startswith(e.name + ".") else "")
-        raise ValueError(f"{spec}: no {what}{how}") from None
-    except (Exception, SystemExit) as e:  # the file's own code fails on import (a syntax error too): its error, line
-        at = (e.filename, e.lineno) if isinstance(e, SyntaxError) else traceback.extract_tb(e.__traceback__)[-1][:2]
-        raise ValueError(f"{spec}: importing it raised {type(e).__name__}: {(str(e) or '?').splitlines()[0]} at "
-                         f"{at[0]}:{at[1]}") from None
-    Model, Config = getattr(module, name, None), getattr(module, name + "Config", None)
-    for ok, what in ((isinstance(Model, type), f"{where} has no class {name}"),
-                     (isinstance(Model, type) and issubclass(Model, torch.nn.Module), f"{name} is not an nn.Module"),
+    Model, (where, _, name) = load_class(spec, "model"), spec.rpartition(":")
+    Config = getattr(sys.modules[Model.__module__], name + "Config", None)
+    for ok, what in ((issubclass(Model, torch.nn.Module), f"{name} is not an nn.Module"),
                      (callable(getattr(Model, "num_params", None)), f"{name} has no num_params() method"),
                      (is_dataclass(Config), f"no config: add a @dataclass named {name}Config to {where}")):
         if not ok:
             raise ValueError(f"{spec}: {what}")
     return Config, Model
-
-
-@functools.cache  # a model file (where: its absolute path) is loaded once: every caller gets the same classes
-def load_module(where):
-    if not where.endswith(".py"):
-        return importlib.import_module(where)
-    name = "model_file_" + re.sub(r"\W", "_", where)  # a name of its own: a file called tasks.py shadows nothing
-    module = sys.modules[name] = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, where))
-    module.__spec__.loader.exec_module(module)  # registered first: dataclasses and inspect look for it there
-    return module
 
 
 def model_spec(spec):
@@ -299,234 +274,15 @@ def model_name(spec):  # in folders (out/<task>_<name>, reproduce.py's cells) an
     return spec.rpartition(":")[2]
 
 
-class Parser(argparse.ArgumentParser):
-    """One-line errors (exit code 2) with a did-you-mean hint, instead of the usage block."""
-    elsewhere = {}  # flag -> the tasks/models that have it, for a flag of another task or model
-
-    def error(self, message):
-        m = re.search(r"unrecognized arguments: (\S+)", message)
-        if m:
-            flag = m.group(1).split("=")[0]
-            known = [o for a in self._actions for o in a.option_strings]
-            close = difflib.get_close_matches(flag, known, n=3)
-            message += (f" ({flag} is an option of {self.elsewhere[flag]} only)" if flag in self.elsewhere else
-                        f" (did you mean {' / '.join(close)}?)" if close else " (see --help for the valid flags)")
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-    def parse_known_args(self, args=None, namespace=None):
-        return super().parse_known_args(join_negative(sys.argv[1:] if args is None else args), namespace)
-
-
-def join_negative(argv):
-    """'--lr -1e-3' -> '--lr=-1e-3': argparse reads a negative number in exponent form as a flag."""
-    out = []
-    for a in argv:
-        if out and re.fullmatch(r"--\w+", out[-1]) and re.fullmatch(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-inf", a, re.I):
-            out[-1] += "=" + a
-        else:
-            out.append(a)
-    return out
-
-
-def str2bool(s):
-    if isinstance(s, bool) or s.lower() in ("1", "true", "yes"):
-        return True if isinstance(s, str) else s
-    if s.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-
-
-@functools.cache  # inspect parses the class's whole file
-def field_help(cls):
-    """The one-line comment after each dataclass field, for --help ({} for a class without a source file)."""
-    try:
-        src = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    return dict(re.findall(r"^\s+(\w+): [^#\n]*#\s*(.*)$", src, re.M))
-
-
-def add_flag(group, name, default, help, ftype=None):
-    """--name; its help ends with the value a run takes without the flag (here, for this task, model and preset)."""
-    ftype, shown = (ftype if callable(ftype) else None) or type(default), "none" if default in ("", []) else default
-    help = f"{help} (default {shown})"
-    if ftype is bool:
-        group.add_argument(f"--{name}", type=str2bool, nargs="?", const=True, default=None, help=help)
-    elif ftype is list:
-        group.add_argument(f"--{name}", type=int, nargs="*", default=None, help=help)
-    else:
-        group.add_argument(f"--{name}", type=ftype, default=None, choices=CHOICES.get(name), help=help)
-
-
-def parse_args(argv, doc=""):
-    """train.py's command line: (--task/--model/--preset, the flags given, the parser). doc: the docstring whose
-    first paragraph --help shows; each flag's help ends with its value for the chosen task, model and preset."""
-    pre = Parser(prog="train.py", add_help=False, allow_abbrev=False)
-    pre.add_argument("--task", choices=list(TASKS), help="(default recall)")
-    pre.add_argument("--model", help=f"{' | '.join(MODELS)} | PATH.py:Class | module:Class (default transformer)")
-    pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
-    known, _ = pre.parse_known_args(argv)
-    try:
-        known.model = known.model and model_spec(known.model)
-    except ValueError as e:
-        pre.error(f"--model {e}")
-    known.explicit = {k: v for k, v in vars(known).items() if v is not None}  # checked against a checkpoint's
-    for k, v in dict(task="recall", model="transformer", preset="quick").items():
-        setattr(known, k, getattr(known, k) or v)
-    if known.task not in PRESETS[known.preset] and any(known.task in p for p in PRESETS.values()):  # authors: bijection
-        pre.error(f"--preset {known.preset} has no --task {known.task}; it has {', '.join(PRESETS[known.preset])}")
-    p = Parser(prog="train.py", description=doc.strip().split("\n\n")[0], parents=[pre], allow_abbrev=False,
-               epilog="Task and model flags depend on --task and --model: see `--task hmm --help`.")
-    owners = {}
-    for kind, table in (("task", TASKS), ("model", {k: c for k, (c, _) in MODELS.items()})):
-        for name, cls in table.items():
-            for f in fields(cls):
-                if f.name not in IO_FIELDS:
-                    owners.setdefault(f"--{f.name}", []).append(f"--{kind} {name}")
-    p.elsewhere = {k: ", ".join(v) for k, v in owners.items()}
-    train, task_opts, model_opts = layered(known.task, known.model, known.preset)
-    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{known.task}_{model_name(known.model)}")
-    task_opts, longest = task_values(known.task, task_opts, train)
-    model_opts = with_header_rows(known.task, task_opts, model_opts)
-    if longest and "block_size" not in model_opts:  # train.py's build() gives it the longest sequence
-        model_opts["block_size"] = longest
-    g = p.add_argument_group("training")
-    for name, (_, help) in TRAIN.items():
-        add_flag(g, name, train[name], help)
-    for title, cls, opts in ((f"task {known.task}", TASKS[known.task], task_opts),
-                             (f"model {known.model}", resolve_model(known.model)[0], model_opts)):
-        g, helps = p.add_argument_group(title), field_help(cls)
-        for f in fields(cls):
-            if f.name not in IO_FIELDS:
-                add_flag(g, f.name, opts.get(f.name, f.default), helps.get(f.name, ""), f.type)
-    args = p.parse_args(argv)
-    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("task", "model", "preset")}
-    if given.get("overwrite") and (given.get("resume") or given.get("eval_only")):
-        p.error("--overwrite starts a new run; it cannot go with --resume or --eval_only")
-    return known, given, p
-
-
-def layered(task, model, preset):
-    """defaults < preset: a run's train / task / model settings before its flags. A model without an entry (from a
-    file) takes those of the preset's `any` entry that its config has (tiny's sizes)."""
-    ps = PRESETS[preset].get(task, {})
-    anyone = {k: v for k, v in ps.get("any", {}).items() if k in {f.name for f in fields(resolve_model(model)[0])}}
-    task_opts, model_opts = dict(ps.get("task", {})), dict(ps.get(model, anyone))
-    # a model's own training settings (e.g. its optimizer) sit in its preset entry, over the task's
-    train = {k: d for k, (d, _) in TRAIN.items()} | ps.get("train", {}) | model_opts.pop("train", {})
-    return train, task_opts, model_opts
-
-
-def task_values(task, task_opts, train):
-    """(the task's options, e.g. the bijection's L from its V; the longest sequence it trains or evaluates on,
-    which is the model's block_size unless set), or (task_opts, None) where the task refuses them: flags may
-    mend that."""
-    try:
-        tasks = [make_task(task, **task_opts)] + [make_task(task, **(task_opts | {"K": K})) for K in train["eval_K"]]
-        if train["train_all_queries"] and task == "recall":  # training sequences query every key: longer
-            tasks.append(tasks[0].all_queries())
-    except (ValueError, TypeError):
-        return task_opts, None
-    return tasks[0].options(), max(t.seq_len for t in tasks)
-
-
-def build_config(task, model, preset, given):
-    """defaults < preset < flags, split into train / task / model dicts."""
-    train, task_opts, model_opts = layered(task, model, preset)
-    task_names = {f.name for f in fields(TASKS[task])}
-    model_names = {f.name for f in fields(resolve_model(model)[0])}
-    for k, v in given.items():
-        (task_opts if k in task_names else model_opts if k in model_names else train)[k] = v
-    model_opts = with_header_rows(task, task_opts, model_opts)
-    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task}_{model_name(model)}")
-    train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
-    train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
-    check_curriculum(task, task_opts, train)
-    fill_io(model, make_task(task, **task_opts), {})  # a model that cannot take the task: said before any note
-    return dict(task=task, model=model, preset=preset, train=train, task_opts=task_opts, model_opts=model_opts)
-
-
-def with_header_rows(task, task_opts, model_opts):
-    """model_opts with a preset's n_pos=HEADER_ROWS made the task's header length + 1: a learned row for each
-    header token, one shared by every later position (0, a row per position, for a task without a header), so
-    that the rows and the window's header follow --n_states and --n_obs. Left as it is where the task refuses
-    its options: building the task then says why."""
-    if model_opts.get("n_pos") != HEADER_ROWS:
-        return model_opts
-    try:
-        header = getattr(make_task(task, **task_opts), "header_len", -1)
-    except (ValueError, TypeError):
-        return model_opts
-    return model_opts | {"n_pos": header + 1}
-
-
-def resume_config(state, known, given, out_dir):
-    """--resume / --eval_only: the checkpoint's config, with only the RESUMABLE settings changed by flags."""
-    missing = [k for k in RESUME_STATE if k not in state]
-    if missing:
-        raise ValueError(f"{os.path.join(out_dir, 'ckpt.pt')} has no {' or '.join(missing)}: train.py cannot "
-                         f"{'resume' if given.get('resume') else 'evaluate'} it (a checkpoint it did not write?)")
-    cfg = state["config"]
-    for k, v in known.explicit.items():
-        if cfg.get(k) != v:
-            raise ValueError(f"--{k} {v} differs from the checkpoint's ({cfg.get(k)}) in {out_dir}; "
-                             f"drop --{k}, or pass the --out_dir of a {v} run")
-    cfg["train"] = {k: d for k, (d, _) in TRAIN.items()} | cfg["train"]  # settings added since: defaults
-    cfg["train"]["lr_decay_iters"] = cfg["train"]["lr_decay_iters"] or cfg["train"]["max_iters"]  # its own
-    cfg["train"]["curriculum_iters"] = cfg["train"]["curriculum_iters"] or cfg["train"]["max_iters"] // 2
-    for k, v in given.items():
-        if k in ("resume", "eval_only"):
-            continue
-        if k not in RESUMABLE and v != {**cfg["train"], **cfg["task_opts"], **cfg["model_opts"]}.get(k, v):
-            raise ValueError(f"--{k} cannot change when resuming or evaluating a checkpoint; "
-                             f"changeable: {', '.join(RESUMABLE)}")
-        if k in RESUMABLE:
-            cfg["train"][k] = v
-    cfg["train"]["out_dir"] = out_dir
-    if given.get("resume") and cfg["train"]["max_iters"] < state["iter"]:  # nothing to train: it would only evaluate
-        raise ValueError(f"--max_iters {cfg['train']['max_iters']}: the checkpoint in {out_dir} is at step "
-                         f"{state['iter']} already; pass a larger --max_iters to train on, or --eval_only to evaluate it")
-    return cfg
-
-
-def check_train(train):
-    """Settings that would crash deep inside torch, or train silently on nonsense (a negative rate), are refused;
-    a curriculum that the run ends before is said (curriculum_note)."""
-    rules = dict(max_iters=(lambda x: x >= 0, ">= 0"),  # first: a negative one is copied into lr_decay_iters
-                 lr=(lambda x: x > 0, "> 0"), min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"),
-                 weight_decay=(lambda x: x >= 0, ">= 0"), beta1=(lambda x: 0 <= x < 1, "in [0, 1)"),
-                 beta2=(lambda x: 0 <= x < 1, "in [0, 1)"), grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"),
-                 warmup_iters=(lambda x: x >= 0, ">= 0"), lr_decay_iters=(lambda x: x >= 0, ">= 0 (0 = --max_iters)"),
-                 data_chunk=(lambda x: x >= 0, ">= 0 (0 = auto)"),
-                 curriculum_iters=(lambda x: x >= 0, ">= 0 (0 = half of --max_iters)"),
-                 curriculum_hold=(lambda x: x >= 0, ">= 0"), patience=(lambda x: x >= 0, ">= 0 (0 = off)"),
-                 eval_batch_size=(lambda x: x >= 0, ">= 0 (0 = auto)"))
-    rules |= {k: (lambda x: x >= 1, ">= 1") for k in
-              ("batch_size", "log_interval", "eval_interval", "eval_samples", "eval_samples_during")}
-    for k, (ok, want) in rules.items():
-        if not math.isfinite(train[k]):
-            raise ValueError(f"--{k} must be a finite number, got {train[k]}")
-        if not ok(train[k]):
-            raise ValueError(f"--{k} must be {want}, got {train[k]}")
-    for k in ("seed", "eval_seed"):  # torch's generators take seeds below 2**64; a run adds steps to them
-        if not 0 <= train[k] < 2 ** 63:
-            raise ValueError(f"--{k} must be an integer in [0, 2**63), got {train[k]}")
-    if not -1 <= train["eval_seed_during"] < 2 ** 63 or during_seed(train) == train["eval_seed"]:
-        raise ValueError(f"--eval_seed_during must be -1 (--eval_seed + 1) or a seed other than --eval_seed "
-                         f"({train['eval_seed']}) in [0, 2**63), got {train['eval_seed_during']}")
-    check_device(train["device"])
-    if (note := curriculum_note(train)) and os.environ.get("RANK", "0") == "0":  # once, after every check passed
-        print(note, file=sys.stderr)
-
-
-def during_seed(train):
-    """The seed of the evaluations during training (--eval_seed_during; -1: --eval_seed + 1)."""
-    return train["eval_seed"] + 1 if train["eval_seed_during"] == -1 else train["eval_seed_during"]
-
-
-def check_device(name):
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
-        raise ValueError(f"--device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
+def entry_of(spec, preset_model=None):
+    """(the preset entry a model takes, why): its own name's; --preset_model's; a file's class named as a built-in's
+    (a copied mamba.py's Mamba: a fork keeps its row); else None (its config's defaults, or "any model")."""
+    if spec in MODELS:
+        return spec, ""
+    if preset_model:
+        return preset_model, f" (--preset_model {preset_model})"
+    same = [m for m, (_, Model) in MODELS.items() if Model.__name__ == resolve_model(spec)[1].__name__]
+    return (same[0], f" (its class is {same[0]}'s name)") if same else (None, "")
 
 
 # -----------------------------------------------------------------------------
@@ -565,14 +321,9 @@ def count_params(Config, Model, mc):
     return meta_model(Config, Model, mc).num_params()
 
 
-def match_width(cfg, Config, Model, mc, task_io, tol=0.02):
+def match_width(target, Config, Model, mc, tol=0.02):
     """--match_params: the width d_model whose parameter count is closest to the target, which it must
     land within tol of. The count grows with the width: bisect."""
-    target = cfg["train"]["match_params"]
-    if target == -1:  # the transformer of this task and preset
-        opts = layered(cfg["task"], "transformer", cfg["preset"])[2]
-        target = count_params(TransformerConfig, Transformer,
-                              task_io | with_header_rows(cfg["task"], cfg["task_opts"], opts))
     if target < 1:
         raise ValueError(f"--match_params must be a parameter count, 0 (off) or -1 (the transformer's), got {target}")
 

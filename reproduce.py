@@ -24,32 +24,34 @@ committed results/, and a table of fewer finished cells goes beside the one ther
 `time_to_target` is time_to_target.py's program, dispatched from here (main).
 """
 from contextlib import redirect_stderr, redirect_stdout
-import io
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
 import traceback
 
-if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    stop = lambda *_: os._exit(sys.stderr.write("reproduce.py: error: interrupted; nothing was written\n") and 2)
-    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
+if __name__ == "__main__":
+    from commandline import before_torch
+    before_torch("reproduce.py")
 
 import torch
 
 import checkpoints
+from commandline import Parser, cli, is_spec
 from hardware import describe, machine
 import presets
 import runtime
-from tasks import make_task
+import settings
+from tasks import TASKS, make_task
 from time_to_target import cell_dir, finished_rows, load_results, plan, time_to_target, write_table
 import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TASK_ORDER = ("bijection", "hmm", "regression", "recall")  # the default matrix: the wind tunnels
+TASK_ORDER = ("bijection", "hmm", "regression", "recall")  # the default matrix: the paper's wind tunnels
 MODEL_ORDER = ("transformer", "mamba", "lstm", "mlp", "mlp_pos", "linear_attn")  # those train.py has
 VARIANTS = {"mlp_pos": "mlp"}  # row: the train.py model it runs, with the row's preset entry as flags
 
@@ -66,7 +68,8 @@ def cell_argv(task, model, preset, out_dir, extra):
     """The train.py command line of one cell. Model sizes come from presets.py's PRESETS (the quick preset's LSTM
     and MLP are matched to within 1% of its transformer's parameters; in the paper preset the MLP is matched, the
     LSTM is the authors' unmatched one); a variant row (mlp_pos) passes its preset entry as flags."""
-    opts = dict(presets.PRESETS[preset][task][model]) if model in VARIANTS else {}
+    entry = presets.PRESETS[preset].get(task, presets.PRESETS[preset].get("any task", {}))
+    opts = dict(entry.get(model, {})) if model in VARIANTS else {}
     opts |= opts.pop("train", {})
     return ["--task", task, "--model", VARIANTS.get(model, model), "--preset", preset, *flags(opts),
             "--out_dir", out_dir, *extra]
@@ -86,14 +89,15 @@ def flags(opts):
     return [a for k, v in opts.items() for a in (f"--{k}", *map(str, v if isinstance(v, list) else [v]))]
 
 
-def cell_config(argv):
-    """The config train.py would run a cell's argv with, each value checked (presets.check_train) before any
-    cell runs: a bad value after `--` stops the sweep at once, not once in every cell's log."""
-    known, given, _ = presets.parse_args(argv)
-    cfg = presets.build_config(known.task, known.model, known.preset, given)
-    with redirect_stderr(io.StringIO()):  # a curriculum's note: the cell's own run says it, in its log
-        presets.check_train(cfg["train"])
-    return json.loads(json.dumps(cfg))  # as results.json holds it: lists, not tuples
+def cell_run(argv):
+    """The run train.py would run a cell's argv as, each value checked (settings.check_train) before any cell
+    runs: a bad value after `--` stops the sweep at once, not once in every cell's log."""
+    known, given, _ = settings.parse_args(argv)
+    return settings.resolve(known, given)
+
+
+def recorded(run):
+    return json.loads(json.dumps(run.config()))  # as results.json holds it: lists, not tuples
 
 
 def other_run(r, cfg):
@@ -245,10 +249,12 @@ def parse_args(argv):
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     names = list(presets.PRESETS)
-    p = presets.Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False,
-                       epilog="`reproduce.py time_to_target --help`: the steps and time to the paper's level")
+    p = Parser(prog="reproduce.py", description=__doc__.split("\n\n")[0].strip(), allow_abbrev=False,
+               epilog="`reproduce.py time_to_target --help`: the steps and time to the paper's level")
     p.add_argument("--preset", default="quick", help=f"{' | '.join(names)} (default quick)")
-    p.add_argument("--tasks", default=None, help=f"comma-separated tasks (default {','.join(TASK_ORDER)})")
+    p.add_argument("--tasks", default=None, help=f"comma-separated tasks: {', '.join(TASKS)}, or a task from a file, "
+                                                 f"PATH.py:Class, or a module, module:Class (default "
+                                                 f"{','.join(TASK_ORDER)})")
     p.add_argument("--models", default=None, help="comma-separated models (default: those of "
                                                   f"{', '.join(MODEL_ORDER)} that train.py has; "
                                                   "mlp_pos is the mlp with --per_position), or a model from a "
@@ -261,34 +267,45 @@ def parse_args(argv):
                                                        "CPU core, the cores shared out among them)")
     p.add_argument("--plan", action="store_true", help="only print each cell's steps, stop rule and time on this "
                                                        "machine, projected from a few timed steps, and the total")
+    p.add_argument("--commands", action="store_true", help="only print each cell still to run as one train.py "
+                                                           "command line, for a scheduler of your own (a job array, "
+                                                           "GNU parallel); --table_only then makes the table")
     p.add_argument("--table_only", action="store_true", help="only rebuild the table from finished cells")
     p.add_argument("--replace_table", action="store_true", help="let a table of fewer finished cells replace "
                                                                 "the table.md there (else it goes beside it)")
+    p.add_argument("--linked", default="", help="comma-separated sweeps under --out (e.g. quick+seed=1338, "
+                                                "quick+match_params=-1) whose cells of these tasks and models the "
+                                                "table sets beside this one's")
     args = p.parse_args(argv)
-    if args.plan and args.table_only:
-        p.error("--plan and --table_only: give one")
+    if sum([args.plan, args.table_only, args.commands]) > 1:
+        p.error("--plan, --commands and --table_only: give one")
     if args.preset not in names:
         p.error(f"unknown preset {args.preset!r}; valid presets: {', '.join(names)}")
     base = presets.PRESETS[args.preset]
-    valid_tasks = [t for t in presets.TASKS if t in base]  # a cell needs the task's preset entry
-    args.tasks = args.tasks or ",".join(t for t in TASK_ORDER if t in valid_tasks)
-    args.models = args.models or ",".join(m for m in MODEL_ORDER if m in row_models())
-    for kind, given, valid in (("task", args.tasks, valid_tasks), ("model", args.models, row_models())):
-        bad = [x for x in given.split(",") if x not in valid and (kind == "task" or ":" not in x)]
-        if bad:
-            p.error(f"unknown {kind} {bad[0]!r}; valid {kind}s: {', '.join(valid)}"
-                    + (", or PATH.py:Class or module:Class" if kind == "model" else ""))
-    try:  # a model from a file: found now, its path made absolute (presets.model_spec)
-        args.models = ",".join(presets.model_spec(m) if ":" in m else m for m in args.models.split(","))
+    default = [t for t in TASK_ORDER if t in base] or [t for t in base if t != "any task"]
+    args.tasks = args.tasks if args.tasks is not None else ",".join(default)
+    args.models = args.models if args.models is not None else ",".join(m for m in MODEL_ORDER if m in row_models())
+    for kind in ("tasks", "models"):
+        given = [x.strip() for x in getattr(args, kind).split(",")]
+        if not all(given):
+            p.error(f"--{kind} {getattr(args, kind)!r}: an empty name; give comma-separated names")
+        setattr(args, kind, list(dict.fromkeys(given)))  # a name given twice runs once
+    bad = [m for m in args.models if m not in row_models() and not is_spec(m)]
+    if bad:
+        p.error(f"unknown model {bad[0]!r}; valid models: {', '.join(row_models())}, or PATH.py:Class or module:Class")
+    where = {"task": lambda t: t if t in TASKS else settings.task_spec(t), "model": presets.model_spec}
+    try:  # a task or model from a file: found now, its path made absolute
+        args.tasks = [where["task"](t) for t in args.tasks]
+        args.models = [m if m in row_models() else where["model"](m) for m in args.models]
     except ValueError as e:
-        p.error(f"--models {e}")
+        p.error(str(e) if str(e).startswith("unknown") else f"--tasks or --models {e}")
     if args.jobs < 0:
         p.error(f"--jobs must be >= 0, got {args.jobs}")
     per_cell = ("--task", "--model", "--preset", "--out_dir", "--resume", "--eval_only")
     fixed = [a for a in extra if a.split("=")[0] in per_cell]
     if fixed:
         p.error(f"{fixed[0].split('=')[0]} is set per cell; use --tasks, --models, --preset or --out instead")
-    args.tasks, args.models = args.tasks.split(","), args.models.split(",")
+    args.linked = [b for b in args.linked.split(",") if b]
     args.budget = budget(args.preset, extra)
     args.results = args.results or os.path.join(args.out, args.budget)
     return args, extra
@@ -338,10 +355,10 @@ def sweep(args, extra):
             why = refusal(task, model)
             if why:  # e.g. a model with token inputs only, on regression
                 status[(task, model)] = "n/a"
-                notes.append(f"{task} x {presets.model_name(model)}: n/a, {why}.")
+                notes.append(f"{settings.task_name(task)} x {presets.model_name(model)}: n/a, {why}.")
                 continue
-            cfg, r = cell_config(argv), load_results(out_dir)
-            other = r and other_run(r, cfg)
+            run, r = cell_run(argv), load_results(out_dir)
+            other = r and other_run(r, recorded(run))
             if other and not args.table_only:
                 raise ValueError(f"{out_dir} holds {other}: pass another --out for this command line, or move "
                                  f"that folder away to run the cell again")
@@ -351,7 +368,7 @@ def sweep(args, extra):
                 status[(task, model)] = "finished before"
             elif not args.table_only:
                 resume = ["--resume"] if os.path.exists(os.path.join(out_dir, "ckpt.pt")) else []
-                todo.append(((task, model), argv + resume, os.path.join(out_dir, "train.log")))
+                todo.append(((task, model), argv + resume, os.path.join(out_dir, "train.log"), run))
             elif os.path.exists(os.path.join(out_dir, "results.json")):
                 status[(task, model)] = "results.json unreadable or unfinished"
         for flag, path in (("--out", out_root), ("--results", args.results)):
@@ -361,16 +378,24 @@ def sweep(args, extra):
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         return 2
     n_done = len(cells) - len(todo) - len(notes)
+    if args.commands:  # one line a cell, as this sweep would start it (its log: the cell's train.log)
+        for _, argv, log, _ in todo:
+            print(f"python {os.path.join(HERE, 'train.py')} {shlex.join(argv)} >> {shlex.quote(log)} 2>&1")
+        return 0
     if args.plan:
         print(f"{len(cells)} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run")
         try:  # a cell that cannot be built here (a device, its memory): its line, as its run would say it
-            plan([(label, cell_config(argv)) for label, argv, _ in todo], jobs, threads(jobs) if not n_gpus else 1)
+            plan([(label, run) for label, _, _, run in todo], jobs, threads(jobs) if not n_gpus else 1)
         except ValueError as e:
             print(f"reproduce.py: error: {e}", file=sys.stderr)
             return 2
         return 0
+    if args.table_only and not any(s.startswith("finished") for s in status.values()):
+        print(f"reproduce.py: error: {out_root} holds no finished cell of these tasks and models: no table written "
+              f"(run the sweep, or its --commands, first)", file=sys.stderr)
+        return 1
     try:
-        return run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus)
+        return run_sweep(args, extra, out_root, [t[:3] for t in todo], status, notes, jobs, n_gpus)
     finally:
         if lock:
             checkpoints.unlock_out_dir(lock)
@@ -430,12 +455,16 @@ def run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus):
     if file != "table.md":
         print(f"{os.path.join(args.results, 'table.md')} holds {held} finished cells, this table {now}: it goes "
               f"beside it, without figures (--replace_table to replace it)")
-    path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status, notes, file)
+    path = write_table(args.preset, args.tasks, args.models, out_root, args.results, status, notes, file,
+                       args.linked)
+    beside = os.path.join(args.results, "table.new.md")
+    if file == "table.md" and os.path.exists(beside):  # the table it stood beside is replaced: it goes
+        os.remove(beside)
     failed = [c for c, s in status.items() if s.startswith("failed")]
     print(f"wrote {path}" + (f" | {len(failed)} cells failed" if failed else ""))
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    runtime.cli(main, "reproduce.py", "each run keeps its last checkpoint" if sys.argv[1:2] == ["time_to_target"]
+    cli(main, "reproduce.py", "each run keeps its last checkpoint" if sys.argv[1:2] == ["time_to_target"]
                 else "finished cells are kept and a rerun resumes the others")

@@ -10,16 +10,17 @@ checkpoints.py's.
 - torch.compile is a speed-up, never a requirement: the first failure, however late, means eager from then
   on, said in one line (CompiledOrEager);
 - a new run refuses a folder that holds another, and rank 0 takes its lock for every rank (prepare_out_dir);
-- a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded, fault,
-  cli); Proc is one process's share of a run: device, rank, the step reached and the checkpoints written.
+- a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded; the line is
+  commandline.fault's); Proc is one process's share of a run: device, rank, the step reached and the checkpoints
+  written;
+- a request the machine's memory cannot hold is refused before it allocates, naming its flag (check_memory);
+  one that only takes long says how long, once, when it will take more than a minute (say_eta).
 """
 from contextlib import contextmanager, nullcontext
-import argparse
 from datetime import timedelta
 import inspect
 import os
-import re
-import signal
+import platform
 import socket
 import sys
 import threading
@@ -30,7 +31,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoints import (check_out_dir, lock_out_dir, print0, run_files, run_tmp_files, save_checkpoint, set_aside,
-                         settle_aside, snapshot_steps, stdout_fault, unlock_out_dir)
+                         settle_aside, snapshot_steps, unlock_out_dir, write_json)
+from commandline import fault, is_oom
 
 VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_at reached, not finite, it failed
 RENDEZVOUS_S = 300  # how long the processes of a torchrun run wait for each other to start
@@ -64,6 +66,25 @@ def pick_device(name, local_rank=None):
     if name.startswith("cuda:") and name[5:].isdigit() and int(name[5:]) >= torch.cuda.device_count():
         raise ValueError(f"device {name!r} does not exist here: this machine has {torch.cuda.device_count()} GPUs")
     return torch.device(name)
+
+
+def cpu_flags():
+    """(model name, set of ISA flags) from /proc/cpuinfo on Linux; elsewhere platform's name and no flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        return info.get("model name") or platform.processor(), set(info.get("flags", "").split())
+    except OSError:
+        return platform.processor() or platform.machine(), set()
+
+
+def native_bf16(device):
+    """Whether the device multiplies bf16 natively: a GPU from Ampere on, a CPU with AVX-512 BF16 or AMX (Linux's
+    flags); elsewhere (AVX2-only x86, a Mac, an unknown CPU) bf16 is emulated, far slower than float32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type == "cpu" and bool(cpu_flags()[1] & {"avx512_bf16", "amx_bf16"})
 
 
 def autocast(dtype, device):
@@ -292,6 +313,7 @@ class Proc:
         self.ckpt, self.step = os.path.join(self.out_dir, "ckpt.pt"), resumed_at or 0
         self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
         self.lock, self.aside = None, False  # rank 0's lock on out_dir; an old run set aside by --overwrite
+        self.record = None  # the resolved run, written to config.json beside the first ckpt.pt
         self.solo = False  # rank 0 works alone while the others wait for its word (alone, verdict)
         # sequences per forward pass at evaluation: --eval_batch_size; auto: on a GPU or Mac, whose memory is the
         # limit, this process's share of a training batch; on a CPU the whole draw of 250, as before the option
@@ -334,6 +356,9 @@ class Proc:
         it = state["iter"]
         if at_eval:
             save_checkpoint(self.ckpt, state)
+            if self.record is not None:  # the run's settings, resolved (settings.Run.describe), once
+                write_json(os.path.join(self.out_dir, "config.json"), self.record)
+                self.record = None
             self.kept = f"{self.ckpt} (step {it})"  # finite parameters and metrics: a good one
             self.settle(keep_new=True)  # the run it replaces can go now
         if self.every_eval and at_eval or it in self.snapshots:
@@ -413,21 +438,6 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
             dist.destroy_process_group()
 
 
-def fault(e):
-    """What happened, for the one-line report of a fault (guarded): Ctrl-C, out of memory (with oom_hint's hint of
-    where, else the training's), or an OSError such as a full disk (naming its file)."""
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
-    if is_oom(e):
-        return "out of memory " + getattr(e, "hint", "(try a smaller --batch_size or model)")
-    return stdout_fault(e) or (f"{e.filename}: {e.strerror}" if e.filename else str(e))
-
-
-def is_oom(e):
-    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or \
-        isinstance(e, RuntimeError) and re.search(r"out of memory|can't allocate memory", str(e)) is not None
-
-
 @contextmanager
 def oom_hint(hint):
     """An out-of-memory inside says hint in the run's one-line report (guarded) instead of the training's."""
@@ -438,59 +448,52 @@ def oom_hint(hint):
             e.hint = hint
         raise
 
-
-def seed_arg(s):
-    """argparse type of a seed flag: an integer in torch's 0..2**63-1."""
-    if not (s.isdigit() and int(s) < 2**63):
-        raise argparse.ArgumentTypeError(f"{s!r}: a seed must be an integer in 0..2**63-1")
-    return int(s)
+# requests the machine's memory cannot hold: refused in a line before they allocate, not ended by the kernel
 
 
-def check_sizes(p, threads=None, seeds=(), seed_flag="--seed", **sizes):
-    """A script's common flags, refused with p.error naming the flag: --threads above 4 per core (torch
-    crashes far above), a seed outside torch's 0..2**63-1, a size flag (name=value or list) below 1."""
-    top = (os.cpu_count() or 1) * 4
-    if threads is not None and threads > top:
-        p.error(f"--threads {threads}: at most {top} here (4 per core)")
-    bad = [s for s in seeds if not 0 <= s < 2**63]
-    if bad:
-        p.error(f"{seed_flag} {bad[0]}: a seed must be in 0..2**63-1")
-    for flag, v in sizes.items():
-        if min(v if isinstance(v, list) else [v]) < 1:
-            p.error(f"--{flag} must be >= 1, got {' '.join(map(str, v if isinstance(v, list) else [v]))}")
+def machine_memory(device):  # bytes: the GPU's memory, else the machine's (0: unknown, then nothing is refused)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
 
 
-def interrupt(signum, frame):
-    """Ctrl-C or SIGTERM: KeyboardInterrupt, once; a second one, while the run saves and says so, is ignored."""
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_IGN)
-    raise KeyboardInterrupt
+def token_bytes(mc, backward, itemsize=4):
+    """At least the bytes a token holds in a forward pass (backward: and what its backward keeps): half of the 17
+    d_model floats a layer that a transformer's training step measured (bijection, 4,000 sequences: 26 KB a token),
+    so only what cannot fit is refused; without a d_model, the outputs and the batch's ids, targets and mask."""
+    width, layers = mc.get("d_model") or 0, mc.get("n_layer") or 1
+    outs = mc.get("n_classes") or mc.get("vocab_size") or 2
+    return itemsize * ((8 if backward else 2) * width * layers + 2 * outs) + 24
 
 
-def cli(main, prog, kept):
-    """A script's main() from the shell: Ctrl-C, or SIGTERM (kill, a scheduler's stop), ends it with one line
-    (what was kept) and exit code 2; a full or read-only disk, or no memory, with one line and exit code 1."""
-    before = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}  # the script's, for imports
-    for stream in (sys.stdout, sys.stderr):  # a C or Latin-1 locale: "−" and "—" as \u2212, not a traceback
-        getattr(stream, "reconfigure", lambda **kw: None)(errors="backslashreplace")
-    threads = os.environ.get("OMP_NUM_THREADS")
-    try:
-        if threads is not None and not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", threads.strip()):  # else libgomp
-            print(f"{prog}: error: environment variable OMP_NUM_THREADS={threads!r} must be a number of threads "
-                  f">= 1 (unset it to use every core)", file=sys.stderr)  # warns, and the run goes on with a default
-            sys.exit(2)
-        sys.exit(main())
-    except KeyboardInterrupt as e:
-        if getattr(e, "reported_to", None) is not sys.stderr:
-            print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
-        sys.exit(2)
-    except (OSError, MemoryError, RuntimeError) as e:  # a full or read-only disk, no memory: one line
-        if not (isinstance(e, OSError) or is_oom(e)):
-            raise
-        if is_oom(e) and not hasattr(e, "hint"):  # outside a training run: the script's sizes, not a batch
-            e.hint = "(try smaller sizes)"
-        print(f"{prog}: error: {fault(e).splitlines()[0]}; {kept}", file=sys.stderr)
-        sys.exit(1)
-    finally:  # the work is over: a late signal is ignored, not a traceback from the exit's clean-up (called
-        for s, handler in before.items():  # from Python, as a test does, the caller's handlers come back)
-            signal.signal(s, handler if handler in (signal.default_int_handler, signal.SIG_DFL) else signal.SIG_IGN)
+def check_memory(flag, need, device, fix):
+    """Refuse `flag` if its estimated need (bytes) exceeds the memory of the machine (the GPU's on CUDA)."""
+    have = machine_memory(device)
+    if have and need > have:
+        gpu = "GPU " if device.type == "cuda" else ""
+        raise ValueError(f"{flag}: needs at least {need / 2**30:,.1f} GiB (an estimate), more than this machine's "
+                         f"{have / 2**30:.1f} GiB of {gpu}memory; {fix}")
+
+
+def check_run_memory(run, device):
+    """train.py's requests, before it allocates: a training step (a process's --batch_size) and an evaluation pass."""
+    train, opts = run.train, " ".join(f"--{k} {v}" for k, v in run.task_opts.items())
+    mc, eval_tasks, train_len = run.model_config, run.tasks, run.curriculum.layout.seq_len
+    per_pass = min(train["eval_batch_size"] or 250, 250, max(train["eval_samples"], train["eval_samples_during"]))
+    check_memory(f"--batch_size {train['batch_size']} of {train_len}-token sequences" + f" ({opts})" * bool(opts),
+                 train["batch_size"] // int(os.environ.get("WORLD_SIZE") or 1) * train_len * token_bytes(mc, True),
+                 device, "use a smaller --batch_size" + (" or shorter sequences" if opts else ""))
+    name, task = max(eval_tasks.items(), key=lambda kv: kv[1].seq_len)
+    flag = f"--eval_K {name[1:]}" if name != "default" else f"evaluating {train_len}-token sequences"
+    check_memory(f"{flag} ({task.seq_len} tokens a sequence, {per_pass} a pass)",
+                 per_pass * task.seq_len * token_bytes(mc, False), device,
+                 "use a smaller --eval_K" if name != "default" else "use a smaller --eval_batch_size")
+
+
+def say_eta(flag, value, done, total, t0, after=60):
+    """One line, naming the flag, when the rest of a long request (done of total units since t0) will take more
+    than `after` seconds: its memory is bounded, its time is not."""
+    left = (time.time() - t0) * (total - done) / max(done, 1)
+    if left > after:
+        print0(f"{flag} {value}: about {f'{left / 3600:,.1f} h' if left >= 3600 else f'{left / 60:.0f} min'} more "
+               f"at this speed")

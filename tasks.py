@@ -2,10 +2,13 @@
 The Bayesian wind tunnels: tasks whose exact posterior is known at every position.
 
 Every sequence draws fresh latent parameters (a permutation, an HMM, a weight vector, a key-value binding, a set of
-chains), so the hypothesis space cannot be memorised and the model must infer in context. Each task is a small
-dataclass with a `name`: its fields are the options (`make_task(name, **opts)`), `sample(batch_size, generator)`
-returns a `Batch` (x, y, mask and the latent parameters), and `loss(out, batch)` is the training loss; `Task` lists
-the attributes that size a model's input and output.
+chains), so the hypothesis space cannot be memorised and the model must infer in context. A task is one dataclass
+subclass of `Task` with a `name` (README, "Bring your own task": a file's task follows the same contract): its
+fields are its options (`make_task(name, **opts)`, a flag each), `__post_init__` sets what sizes a model's input and
+output, `sample(batch_size, generator)` returns a `Batch` (x, y, mask and the latent parameters), `posterior(x)` the
+exact predictive of the scored target at every position from the inputs alone (oracles.py has the built-ins'),
+`outcome(batch)` the realised value of what is scored (batch.y; hmm: the hidden state) and `loss(out, batch)` the
+training loss. `defaults` are the training settings of a task that no preset names.
 A batch is drawn on the generator's device: with a CUDA generator every tensor, the HMM's
 forward filter included, is made on the GPU, and no step reads a value back to the host (the loops
 run a fixed number of times), so drawing a batch never waits for the GPU.
@@ -21,14 +24,14 @@ follow the authors' released code where the paper is silent:
     recall      random-access binding: the value bound to a queried key
     hop         binding composed over k hops (the Pavlovian paper's Theorem 9, for wide vs deep)
 """
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 import math
-import re
 
 import torch
 import torch.nn.functional as F
 
-from oracles import hmm_filter
+from commandline import is_spec, load_class, raised
+from oracles import bijection_posterior, hmm_posterior, hop_posterior, recall_posterior, regression_posterior
 
 IGNORE = -100
 
@@ -64,20 +67,41 @@ def check(ok, msg):
 
 
 class Task:
-    """Shared plumbing: the loss for each kind of target. Subclasses are dataclasses.
+    """The contract of a wind tunnel; subclasses are dataclasses.
 
     Model I/O is described by attributes every task has: `vocab_size` (0 for real inputs), `n_features`,
     `n_classes` (answer classes C; the model outputs (B, T, C), or (B, T, 2) = (mean, log-variance) when
     `gaussian`), `answer_offset` (token id of answer class 0 when the answers are tokens, which lets a model tie
     its head to the embedding, or output (B, T, vocab_size) logits over every token, scored on the answers'
     slice) and `seq_len` (T)."""
-    name = None  # the task's key in TASKS, set by each subclass
+    name = None  # the task's key in TASKS (a file's task: its folders' and tables' name), set by each subclass
     gaussian = False  # real-valued prediction with a Gaussian head
-    soft_targets = False  # y is a distribution (B, T, C)
+    soft_targets = False  # y is a distribution (B, T, C): outcome() gives the realised value
     vocab_size = 0
     n_features = 0
     answer_offset = None
     float64 = False  # draws in float64 (the exact posterior's parameters): never on a device without it (MPS)
+    defaults = {}  # training settings (train.py flags) of this task where no preset has an entry for it
+
+    def sample(self, batch_size, generator=None):
+        raise NotImplementedError(f"{type(self).__name__} has no sample(batch_size, generator=None)")
+
+    def posterior(self, x):
+        """The exact predictive of the scored target at every position of x (B, T[, F]), float64: probabilities
+        (B, T, C), or (mean, var) each (B, T) when gaussian; read from x alone, positions not scored ignored."""
+        raise NotImplementedError(f"{type(self).__name__} has no posterior(x)")
+
+    def outcome(self, batch):
+        """(B, T): the realised value of what is scored, at the scored positions (the class, or the real target)."""
+        return batch.y
+
+    def drew(self, x):
+        """Whether x can be a batch this task draws (its length, and tokens in its vocabulary or its features): a
+        batch of another task, or of other sizes, would give a wrong posterior without an error."""
+        ok = x.dim() >= 2 and x.shape[1] == self.seq_len
+        if self.vocab_size:
+            return ok and x.dim() == 2 and not x.is_floating_point() and bool(((0 <= x) & (x < self.vocab_size)).all())
+        return ok and x.dim() == 3 and x.shape[2] == self.n_features
 
     def options(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -202,6 +226,14 @@ class Bijection(Task):
             x, y = x[:, :-1], y[:, :-1]  # the last value is never shown: its key is the last query
         return Batch(x, y, y != IGNORE, dict(perm=perm))
 
+    def posterior(self, x):
+        return bijection_posterior(self, x)
+
+    def drew(self, x):
+        """Its length and vocabulary, and keys and values where its layout has them (two layouts can share both)."""
+        return super().drew(x) and bool((x[:, 0:2 * self.L:2] < self.V).all()) and \
+            bool(((x[:, 1:2 * self.L:2] >= self.answer_offset) & (x[:, 1:2 * self.L:2] < self.answer_offset + self.V)).all())
+
 
 # -----------------------------------------------------------------------------
 # HMM filtering: belief accumulation + transport
@@ -282,7 +314,7 @@ class HMM(Task):
               "hmm: with discretize=True the 0.05 floor allows at most 20 states/symbols")
         S, O = self.n_states, self.n_obs
         # tokens: 0..100 = probability in cents, then [TRANS] [EMIT] [SEP] [OBS], then symbols
-        self.TRANS, self.EMIT, self.SEP, self.OBS = 101, 102, 103, 104
+        self.TRANS, self.EMIT, self.SEP, self.OBS, self.symbol_offset = 101, 102, 103, 104, 105
         self.vocab_size = 105 + O
         self.header_len = 3 + S * S + S * O
         self.seq_len = self.header_len + 2 * self.K
@@ -308,9 +340,17 @@ class HMM(Task):
         x = torch.cat([col(self.TRANS), tc.view(B, -1), col(self.EMIT), ec.view(B, -1), col(self.SEP), steps], 1)
         mask = torch.zeros(B, self.seq_len, dtype=torch.bool, device=dev)
         mask[:, self.header_len + 1::2] = True  # the observation-symbol tokens
-        y = torch.zeros(B, self.seq_len, S, device=dev)
-        y[:, self.header_len + 1::2] = hmm_filter(trans, emit, obs).float()
+        y = torch.where(mask[..., None], self.posterior(x), 0.0).float()  # the filter: soft targets
         return Batch(x, y, mask, dict(trans=trans, emit=emit, obs=obs, states=states))
+
+    def posterior(self, x):
+        return hmm_posterior(self, x)
+
+    def outcome(self, batch):
+        """The hidden state at each observation: what the filter's posterior is over."""
+        states = torch.zeros(batch.mask.shape, dtype=torch.long, device=batch.mask.device)
+        states[:, self.header_len + 1::2] = batch.latent["states"]
+        return states
 
 
 # -----------------------------------------------------------------------------
@@ -354,10 +394,11 @@ class Regression(Task):
         B, d, K, g = batch_size, self.d, self.K, generator
         new = dict(dtype=torch.float64, device=device_of(g))
         w = torch.randn(B, d, generator=g, **new) * self.prior_std
-        xs = torch.randn(B, K, d, generator=g, **new)
+        xs = torch.randn(B, K, d, generator=g, **new).float().double()  # the model's float32 inputs, exactly
         # with fewer active dimensions the exact posterior is still the oracle's: x.w ignores the zeroed ones
         xs[:, :, self.d_active:] = 0
         ys = (xs @ w.unsqueeze(-1)).squeeze(-1) + self.noise_std * torch.randn(B, K, generator=g, **new)
+        ys = ys.float().double()  # as the pair tokens state them: the posterior reads those
         x = torch.zeros(B, K, 2, d + 2, device=w.device)
         x[:, :, 0, :d], x[:, :, 0, d + 1] = xs.float(), 1.0  # x token: [x_i, 0, 1]
         x[:, :, 1, :d], x[:, :, 1, d] = xs.float(), ys.float()  # pair token: [x_i, y_i, 0]
@@ -367,6 +408,9 @@ class Regression(Task):
         mask = torch.zeros(B, K, 2, dtype=torch.bool, device=w.device)
         mask[:, :, 0] = True
         return Batch(x, y.view(B, 2 * K), mask.view(B, 2 * K), dict(w=w, xs=xs, ys=ys))
+
+    def posterior(self, x):
+        return regression_posterior(self, x)
 
 
 # -----------------------------------------------------------------------------
@@ -433,6 +477,9 @@ class Recall(Task):
         answer[:, 4 * N + self.filler + 1::3 + self.gap] = vals.gather(1, which)
         # slot: the queried pair's place in the store (accuracy by slot tells forgetting from never binding)
         return Batch(x, answer, answer != IGNORE, dict(answer=answer, slot=which))
+
+    def posterior(self, x):
+        return recall_posterior(self, x)
 
     def all_queries(self, **changes):
         """The training-only layout of --train_all_queries: every stored key queried once, in random order,
@@ -508,53 +555,50 @@ class Hop(Task):
         answer[:, 2 * N + 2::2] = target
         return Batch(x, answer, mask, dict(answer=answer, chains=chains, k=k))
 
+    def posterior(self, x):
+        return hop_posterior(self, x)
+
 
 TASKS = {task.name: task for task in (Bijection, HMM, Regression, Recall, Hop)}
 
 
+def task_class(spec):
+    """The class --task names: a built-in's name, or PATH.py:Class / module:Class, a dataclass subclass of Task
+    with a name of its own; else a ValueError naming the valid choices."""
+    if spec in TASKS:
+        return TASKS[spec]
+    if not is_spec(spec):
+        raise ValueError(f"unknown task {spec!r}; valid tasks: {', '.join(TASKS)}, or PATH.py:Class or module:Class")
+    cls = load_class(spec, "task")
+    for ok, what in ((issubclass(cls, Task), f"{cls.__name__} is not a subclass of tasks.Task"),
+                     (is_dataclass(cls), f"{cls.__name__} is not a @dataclass (its fields are its options)"),
+                     (isinstance(cls.name, str) and cls.name.isidentifier(), f"{cls.__name__} has no name (a class "
+                      f"attribute, e.g. name = \"dice\": its runs' folders and tables use it)"),
+                     (cls.name not in TASKS, f"its name {cls.name!r} is a built-in task's: give it one of its own")):
+        if not ok:
+            raise ValueError(f"{spec}: {what}")
+    return cls
+
+
 def make_task(name, **overrides):
-    """Build a task by name; unknown names or options raise ValueError naming the valid ones."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}")
-    valid = [f.name for f in fields(TASKS[name])]
+    """Build a task by name (or from a file, task_class); unknown names or options raise ValueError naming the valid
+    ones, and so does a task of a file whose own code fails (its error, file and line)."""
+    cls = task_class(name)
+    valid = [f.name for f in fields(cls)]
     bad = [k for k in overrides if k not in valid]
     if bad:
         raise ValueError(f"unknown option(s) {', '.join(bad)} for task {name!r}; valid options: {', '.join(valid)}")
-    return TASKS[name](**overrides)
+    try:
+        return cls(**overrides)
+    except (ValueError, TypeError) as e:  # a task's own refusal of its options: its message
+        if name in TASKS:
+            raise
+        raise ValueError(f"{name}: {e}") from None
+    except Exception as e:
+        raise ValueError(f"{name}: building it raised {raised(e, name.rpartition(':')[0])}") from None
 
 
 # -----------------------------------------------------------------------------
 # curricula: a task option grown while training (train.py --curriculum)
 
 IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # what a task tells its model
-
-
-def check_curriculum(task, task_opts, train):
-    """A new run's --curriculum NAME=START on an option that changes the model's inputs or outputs is refused by
-    its own name, from a task built at START out of the options as given, so that an option derived from it
-    (bijection's L from V) is derived again: train.py's stages, grown from the built task, would keep L and be
-    refused for it. A malformed spec or a stage the task refuses: train.py's parse_curriculum says why."""
-    spec = train["curriculum"]
-    m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
-    if m is None or m.group(1) not in {f.name for f in fields(TASKS[task])}:
-        return
-    try:
-        own, first = make_task(task, **task_opts), make_task(task, **task_opts | {m.group(1): int(m.group(2))})
-    except (ValueError, TypeError):
-        return
-    if [getattr(own, k, None) for k in IO_FIELDS] != [getattr(first, k, None) for k in IO_FIELDS]:
-        raise ValueError(f"--curriculum {spec!r}: {m.group(1)} changes the model's inputs or outputs; grow an option "
-                         f"that only changes the sequences")
-
-
-def curriculum_note(train):
-    """The line train.py says as a run starts whose --curriculum is still growing when it ends (--curriculum_iters
-    past --max_iters): it never trains on the task's own size. None where it reaches it, where nothing trains
-    (--max_iters 0), and where --lr_decay_iters reaches the curriculum's end (a run to be resumed further)."""
-    m = re.fullmatch(r"(\w+)=(\d+)", train["curriculum"].replace(" ", ""))
-    T, end = train["max_iters"], train["curriculum_iters"] or train["max_iters"] // 2
-    if m is None or not 0 < T < end or (train["lr_decay_iters"] or T) >= end:
-        return None
-    return (f"train.py: note: --curriculum {train['curriculum']} grows {m.group(1)} until step {end} "
-            f"(--curriculum_iters), past the run's {T} steps (--max_iters): the run ends before the task is its own "
-            f"size; lower --curriculum_iters, or set --lr_decay_iters to the steps you will --resume to")

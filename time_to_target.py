@@ -20,26 +20,26 @@ sweep's table.md and figures, from every cell's results.json beside the paper's 
 import json
 import os
 import re
-import signal
 import sys
 import time
 
-if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    stop = lambda *_: os._exit(sys.stderr.write("time_to_target.py: error: interrupted; nothing was written\n") and 2)
-    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
+if __name__ == "__main__":
+    from commandline import before_torch
+    before_torch("time_to_target.py")
 
 import torch
 
 import checkpoints
-import oracles
+from commandline import Parser, cli
 from hardware import describe, machine, syncer
 import presets
 import runtime
+import settings
 from tasks import make_task
 import train
 
-TARGETS = {"bijection": "mae_curve<=0.01", "hmm": "mae_token<=0.025", "recall": "accuracy>=0.99",
-           "regression": "mae_token<=0.05"}
+# each task's target: the quick table's stop rule (presets.py), the paper's level in its convention
+TARGETS = {t: presets.PRESETS["quick"][t]["train"]["stop_at"] for t in ("bijection", "hmm", "recall", "regression")}
 # the other convention at the same bar, reported beside the target: the mean curve's error is never above the
 # per-token one (over- and under-confident sequences cancel in it), so bijection's per-token crossing may come
 # after the stop, hmm's and regression's mean-curve crossings at or before it
@@ -58,9 +58,9 @@ def metric(spec):
 
 def first_reached(history, spec, task_name):
     """(the first history entry that meets spec or None, the best entry)."""
-    stop, name = oracles.parse_stop(spec, make_task(task_name)), metric(spec)
+    target, name = train.parse_stop(spec, make_task(task_name)), metric(spec)
     best = (max if ">=" in spec else min)(history, key=lambda h: h[name]) if history else None
-    return next((h for h in history if stop(h)), None), best
+    return next((h for h in history if train.meets(h, target)), None), best
 
 
 def target_row(task, r, out_dir, flags):
@@ -85,8 +85,9 @@ def time_to_target(argv):
     """Time to target: the steps, training sequences and wall time the default transformer takes to reach the
     paper-level metric on each wind tunnel.
 
-    Targets, the paper's level: bijection mean-curve entropy MAE <= 0.01 bits, hmm per-token MAE <= 0.025 bits
-    at K = 20, recall accuracy >= 99%, regression per-token MAE <= 0.05 bits (not in the paper). The other
+    Targets, the paper's level and the quick table's (TARGETS, presets.py): bijection mean-curve entropy MAE
+    <= 0.01 bits, hmm per-token MAE <= 0.024 bits at K = 20, recall accuracy >= 99.9%, regression per-token MAE
+    <= 0.05 bits (not in the paper). The other
     convention's first crossing of the same bar (ALSO: per token for bijection, the mean curve for the others) is
     reported beside it.
     Each task runs `train.py --task T --model transformer` with its preset, evaluating on
@@ -120,7 +121,7 @@ def parse_args(argv):
     """(time_to_target's flags, the train.py flags after `--`, the tasks, the parser), checked before any work."""
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    p = presets.Parser(prog="reproduce.py time_to_target", description=time_to_target.__doc__.split("\n\n")[0].strip(),
+    p = Parser(prog="reproduce.py time_to_target", description=time_to_target.__doc__.split("\n\n")[0].strip(),
                        allow_abbrev=False)
     p.add_argument("--tasks", default=",".join(TARGETS), help=f"comma-separated (default {','.join(TARGETS)})")
     p.add_argument("--preset", default="quick", choices=list(presets.PRESETS),
@@ -198,17 +199,17 @@ def table(rows):
 # reproduce.py --plan: what a sweep will cost, before it runs
 
 
-def cell_cost(cfg, threads, steps=4, warmup=2):
+def cell_cost(run, threads, steps=4, warmup=2):
     """(seconds, seconds a step) of a cell run to its cap (max_iters): its training steps, timed after `warmup`
     untimed ones (a curriculum's longer stages counted by their length), and its evaluations (a pass of 250
     sequences of each evaluated length, timed, scaled to the checks every eval_interval steps and the final one)."""
-    tr, saved = cfg["train"], torch.get_num_threads()
+    tr, saved = run.train, torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         dev = runtime.pick_device(tr["device"])
         torch.manual_seed(tr["seed"])
-        task, eval_tasks, model, opt, _ = train.build(cfg, dev)
-        batches, (_, ctx) = train.Batches(task, tr, dev, 0, 1), runtime.autocast(tr["dtype"], dev)
+        model, opt = train.build(run, dev)
+        batches, (_, ctx) = train.Batches(run, dev, 0, 1), runtime.autocast(tr["dtype"], dev)
         fwd = runtime.CompiledOrEager(model, False, print)
         t0, sync = None, syncer(dev)
         for i in range(warmup + steps):
@@ -217,7 +218,7 @@ def cell_cost(cfg, threads, steps=4, warmup=2):
             train.update(fwd, model, stage, opt, batch, ctx, tr["grad_clip"])
             sync()
         t_step, t_eval = (time.time() - t0) / steps, {}
-        for name, t in eval_tasks.items():
+        for name, t in run.tasks.items():
             t0 = time.time()
             train.evaluate(model, t, 250, 0, dev, ctx)
             t_eval[name] = time.time() - t0
@@ -237,13 +238,13 @@ def makespan(costs, jobs):
 
 
 def plan(cells, jobs, threads):
-    """Print each ((task, model), cfg) cell's stop rule and projected time; returns the projected wall time."""
+    """Print each ((task, model), run) cell's stop rule and projected time; returns the projected wall time."""
     print(f"plan: each cell's steps timed alone on {threads} thread(s) (CPU) or its GPU, projected to its cap; "
           f"a stop rule can end it sooner", flush=True)
     costs = []
-    for (task, model), cfg in cells:
-        tr = cfg["train"]
-        secs, t_step = cell_cost(cfg, threads)
+    for (task, model), run in cells:
+        tr = run.train
+        secs, t_step = cell_cost(run, threads)
         costs.append(secs)
         rules = ([f"at {tr['stop_at']}"] if tr["stop_at"] else []) + \
                 ([f"at a plateau ({tr['patience']} x {tr['eval_interval']} steps)"] if tr["patience"] else [])
@@ -272,8 +273,8 @@ Recall: accuracy; the LSTM's 0.5% is chance. Regression is not in the paper. The
 both MLP rows: which of the two readings it ran is not stated."""
 
 
-def cell_dir(out_root, task, model):
-    return os.path.join(out_root, f"{task}_{presets.model_name(model)}")
+def cell_dir(out_root, task, model):  # task: its name or its spec (a file's task: its name)
+    return os.path.join(out_root, f"{settings.task_name(task)}_{presets.model_name(model)}")
 
 
 def load_results(out_dir):
@@ -323,9 +324,88 @@ def steps(r):
     return f"{r['iters']} ({why})" if why else str(r["iters"])
 
 
+def reached(r):
+    """(step, time) of the check at which the cell met its target (its history says `reached`), or None."""
+    last = r["history"][-1] if r.get("history") else {}
+    return (last["iter"], last["time"]) if str(last.get("stopped", "")).startswith("reached") else None
+
+
+def rule(r):
+    """A cell's stop rule, in the words of its settings: (target, plateau, cap, checks)."""
+    t = r["config"]["train"]
+    return (t.get("stop_at") or "none", t.get("patience", 0), t["max_iters"], t["eval_interval"],
+            t.get("eval_samples_during"))
+
+
+def rule_line(rows):
+    """The task's rule, in a sentence: one for every cell, or which cells ran under another."""
+    rules = [rule(r) for _, r in rows]
+    if not rules:
+        return []
+    target, patience, cap, every, n = common = max(set(rules), key=rules.count)
+    text = (f"**Stop rule, every cell**: the target {target} (met by {train.StopRule.MARGIN:g} standard errors over "
+            f"the check's {n} sequences), " if target != "none" else "**Stop rule, every cell**: no target; ")
+    text += (f"or a plateau (the held-out KL not 1% below its best in {patience} checks), " if patience else "")
+    text += f"or step {cap:,}; checks every {every} steps."
+    other = [m for m, r in rows if rule(r) != common]
+    return [text + (f" Under another rule: {', '.join(other)}." if other else ""), ""]
+
+
+def by_merit(rows, target):
+    """The rows in the order measured: those that met the target by time to it, then the others by the target's
+    metric at the end (the better first; KL without a target)."""
+    name = target.split("<")[0].split(">")[0] if target != "none" else "kl"
+    sign = -1 if ">=" in target else 1
+    done = sorted([(m, r) for m, r in rows if reached(r)], key=lambda mr: reached(mr[1])[1])
+    rest = sorted([(m, r) for m, r in rows if not reached(r)], key=lambda mr: sign * mr[1]["metrics"]["default"][name])
+    return done, rest, name
+
+
+def paper_value(text):  # "0.049", "≈1.85", "acc. 97.8%" -> (value, higher is better)
+    v = float(re.sub(r"[^0-9.]", "", text))
+    return (v, "%" in text)
+
+
+def orderings(task, rows, target):
+    """The orderings a task's cells measured, beside the paper's, with where they differ: lines for table.md."""
+    done, rest, name = by_merit(rows, target)
+    k = lambda r: f"{r['n_params'] / 1e3:.0f}k"
+    measured = [f"{m} (step {reached(r)[0]:,}, {runtime.fmt_time(reached(r)[1])}; {k(r)})" for m, r in done]
+    value = lambda r: (f"{100 * r['metrics']['default'][name]:.2f}%" if name == "accuracy" else
+                       f"{r['metrics']['default'][name]:.4f}")
+    lines = ["**Measured**: " + (f"met the target, by time to it: {', '.join(measured)}" if done else
+                                  "no cell met the target")
+             + (f"; then by final {name}: " + " > ".join(f"{m} {value(r)} ({k(r)})" for m, r in rest) if rest else "")
+             + "."]
+    paper = {m: paper_value(v) for m, v in PAPER.get(task, {}).items() if m in dict(rows)}
+    if len(paper) > 1:
+        order = sorted(paper, key=lambda m: -paper[m][0] if paper[m][1] else paper[m][0])
+        ours = [m for m, _ in done + rest if m in paper]
+        pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]
+                 if paper[a][0] != paper[b][0] and ours.index(a) > ours.index(b)]
+        lines.append(f"**The paper**: {' > '.join(f'{m} {PAPER[task][m]}' for m in order)}. "
+                     + ("The same order here." if not pairs else "Here otherwise: " +
+                        "; ".join(f"{b} before {a}" for a, b in pairs) + "."))
+    return lines + [""]
+
+
+def linked_rows(task, model, linked, out):
+    """The cell's readings in the linked sweeps (other seeds, matched capacity): table rows."""
+    lines = []
+    for budget in linked:
+        r = load_results(cell_dir(os.path.join(out, budget), task, model))
+        if r is None:
+            continue
+        m, at = r["metrics"]["default"], reached(r)
+        lines.append(f"| {presets.model_name(model)} | {budget} | {r['n_params']:,} | {fmt(m['mae_curve'])} "
+                     f"| {fmt(m['mae_token'])} | {fmt_acc(m)} | "
+                     f"{f'step {at[0]:,}, {runtime.fmt_time(at[1])}' if at else '—'} | {steps(r)} |")
+    return lines
+
+
 def finished_rows(path):
     """The finished cells a table.md holds (rows with a parameter count, not the recall table's header of store
-    places, `| model | 1 | 2 |`); 0 where there is none."""
+    places, `| model | 1 | 2 |`, nor a linked sweep's row); 0 where there is none."""
     try:
         with open(path, encoding="utf-8") as f:
             return sum(bool(re.match(r"\| (?!model \|)[^|]+ \| [\d,]+ \|", line)) for line in f)
@@ -345,57 +425,69 @@ def sweep_line(out_root):
         return [], None
 
 
-def write_table(preset, tasks, models, out_root, results_dir, status, notes=(), file="table.md"):
-    """results_dir/<file> from every cell's results.json; returns its path. Per task, each model's entropy MAE
-    in both conventions, KL, accuracy, parameters and training time beside the paper's numbers, and (as table.md) a
-    figure of per-position model entropy against the oracle's for every model (entropy_<task>.png; needs
-    matplotlib, without it the table still comes out). notes: lines for the Notes, e.g. why a cell is n/a."""
+def write_table(preset, tasks, models, out_root, results_dir, status, notes=(), file="table.md", linked=()):
+    """results_dir/<file> from every cell's results.json; returns its path. Per task, the stop rule its cells ran
+    under; each model's entropy MAE in both conventions, KL, accuracy, parameters, how it stopped and its time to
+    the target, beside the paper's numbers; the orderings measured beside the paper's; the same cells in the linked
+    sweeps (other seeds, matched capacity: folders beside out_root); and (as table.md) a figure of per-position model
+    entropy against the oracle's for every model (entropy_<task>.png; needs matplotlib, without it the table still
+    comes out). notes: lines for the Notes, e.g. why a cell is n/a."""
     header, swept = sweep_line(out_root)
     lines = [f"# Wind tunnels: architecture comparison, preset `{preset}`", "", *header,
              "Entropy MAE in bits: *mean-curve* averages model and oracle entropy over sequences at each position "
              "first (the paper's convention), *per token* is the mean of |H_model − H_oracle| over every scored "
              "position (stricter). KL(oracle ‖ model) in bits per scored position. Accuracy: argmax against the "
-             "true answer (hmm: the hidden state), the Bayes decision's in brackets. Time: training wall time. "
-             f"Each cell is `{os.path.join(out_root, '<task>_<model>')}`.", "",
+             "true answer (hmm: the hidden state), the Bayes decision's in brackets. Stopped: why the cell ended; "
+             "to target: the step and training time of the check that met the task's target. Time: training wall "
+             f"time. Each cell is `{os.path.join(out_root, '<task>_<model>')}`.", "",
              "Two readings of the paper's MLP: `mlp` sees the flattened causal prefix (each earlier token in its own "
              "input slot), `mlp_pos` only the current token and its position.", ""]
     if preset != "paper":
         lines += [f"The `{preset}` preset's models and schedules are far smaller than the paper's (and its recall "
                   "task is shrunk): compare the ordering of the architectures with the paper's, not the digits.", ""]
     for task in tasks:
-        lines += [f"## {task}", "",
-                  "| model | params | MAE mean-curve | MAE per token | paper | KL | accuracy (Bayes) "
-                  "| other lengths, MAE per token | steps | time | device |", "|---" * 11 + "|"]
-        rows = []
+        name = settings.task_name(task)
+        body, rows = [], []
         for model in models:
             held = status.get((task, model), "").startswith("holds")  # another run's results: not this cell's
             r = None if held else load_results(cell_dir(out_root, task, model))
-            paper = PAPER.get(task, {}).get(model, "—")
-            name = presets.model_name(model)  # a model from a file: its class
+            paper = PAPER.get(name, {}).get(model, "—")
+            label = presets.model_name(model)  # a model from a file: its class
             if r is None:
-                lines.append(f"| {name} | {status.get((task, model), 'not run')} |" + " |" * 9)
+                body.append(f"| {label} | {status.get((task, model), 'not run')} |" + " |" * 10)
                 continue
-            rows.append((name, r))
-            m = r["metrics"]["default"]
+            rows.append((label, r))
+            m, at = r["metrics"]["default"], reached(r)
             other = ", ".join(f"{k}: {fmt(v['mae_token'])}" for k, v in r["metrics"].items() if k != "default")
-            earlier = " *" if swept is not None and f"{task}_{name}" not in swept else ""  # not this sweep's
-            lines.append(f"| {name} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
-                         f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | {steps(r)} "
-                         f"| {runtime.fmt_time(r['wall_time_s'])}{earlier} | {r['device']} |")
+            earlier = " *" if swept is not None and f"{name}_{label}" not in swept else ""  # not this sweep's
+            body.append(f"| {label} | {r['n_params']:,} | {fmt(m['mae_curve'])} | {fmt(m['mae_token'])} | {paper} "
+                        f"| {fmt(m['kl'])} | {fmt_acc(m)} | {other or '—'} | "
+                        f"{f'step {at[0]:,}, {runtime.fmt_time(at[1])}' if at else '—'} | {steps(r)} "
+                        f"| {runtime.fmt_time(r['wall_time_s'])}{earlier} | {r['device']} |")
+        lines += [f"## {name}", "", *rule_line(rows),
+                  "| model | params | MAE mean-curve | MAE per token | paper | KL | accuracy (Bayes) "
+                  "| other lengths, MAE per token | to target | steps | time | device |", "|---" * 12 + "|", *body]
+        if rows:
+            lines += ["", *orderings(name, rows, rule(rows[0][1])[0])]
+        seen = [line for model in models for line in linked_rows(task, model, linked, os.path.dirname(out_root))]
+        if seen:
+            lines += ["The same cells in the linked sweeps (other seeds; capacity matched to the transformer's):", "",
+                      "| model | sweep | params | MAE mean-curve | MAE per token | accuracy (Bayes) | to target | steps |",
+                      "|---" * 8 + "|", *seen, ""]
         slots = [(model, r["metrics"]["default"]["accuracy_by_slot"]) for model, r in rows
                  if "accuracy_by_slot" in r["metrics"]["default"]]
         if slots:  # recall: is a miss a pair stored early (forgotten) or any pair (never bound)?
             n = len(slots[0][1])
-            lines += ["", "Accuracy by the queried pair's place in the store (1 = stored first):", "",
+            lines += ["Accuracy by the queried pair's place in the store (1 = stored first):", "",
                       "| model | " + " | ".join(str(i + 1) for i in range(n)) + " |", "|---" * (n + 1) + "|"]
             lines += [f"| {model} | " + " | ".join(f"{a:.2f}" for a in acc) + " |" for model, acc in slots]
-        if rows and file == "table.md" and figure(task, rows, os.path.join(results_dir, f"entropy_{task}.png")):
-            lines += ["", f"![{task}: per-position entropy](entropy_{task}.png)"]
-        lines.append("")
+            lines.append("")
+        if rows and file == "table.md" and figure(name, rows, os.path.join(results_dir, f"entropy_{name}.png")):
+            lines += [f"![{name}: per-position entropy](entropy_{name}.png)", ""]
     lines += ["## Notes", "", PAPER_NOTES, ""] + ([*notes, ""] if notes else [])
     path = os.path.join(results_dir, file)
     checkpoints.write_text(path, "\n".join(lines))
     return path
 
 if __name__ == "__main__":  # the same program as `python reproduce.py time_to_target`
-    runtime.cli(lambda: time_to_target(sys.argv[1:]), "time_to_target.py", "each run keeps its last checkpoint")
+    cli(lambda: time_to_target(sys.argv[1:]), "time_to_target.py", "each run keeps its last checkpoint")

@@ -6,58 +6,43 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
     python train.py --task bijection --resume                       # continue out/bijection_transformer
     torchrun --nproc_per_node=N train.py ...                        # data-parallel: the same global batch
 
-Settings: defaults < preset < flags (presets.py; `--help` shows their values). Recipe: AdamW or Muon; warmup, cosine
-decay, clipping; a fresh seeded batch every step (a growing task under --curriculum); held-out checks on sequences of
-their own end a run at its target or plateau (--stop_at, --patience); checkpoints; results.json. Plumbing: runtime.py.
+Settings: defaults < preset < flags, resolved once (settings.py; `--help` shows each flag's value, `--dry_run` the
+whole run). Recipe: AdamW or Muon; warmup, cosine decay, clipping; a fresh seeded batch every step (a growing task
+under --curriculum); held-out checks on sequences of their own end a run at its target or plateau (--stop_at,
+--patience); checkpoints; results.json. Plumbing: runtime.py, checkpoints.py.
 """
-from dataclasses import asdict, fields, replace
+import json
 import math
 import os
 import re
-import signal
 import sys
 import time
 
-if __name__ == "__main__":  # Ctrl-C or SIGTERM while torch loads: one line and exit code 2, as runtime.cli later
-    stop = lambda *_: os._exit(sys.stderr.write("train.py: error: interrupted; nothing was written\n") and 2)
-    signal.signal(signal.SIGINT, stop), signal.signal(signal.SIGTERM, stop)
+if __name__ == "__main__":
+    from commandline import before_torch
+    before_torch("train.py")
 
 import torch
 
-from checkpoints import (check_run_memory, checkpoint, code_version, load_checkpoint, print0, resume, say_eta,
-                         write_json)
-from oracles import Metrics, StopRule, batch_mae
-from presets import (IO_FIELDS, build_config, check_train, during_seed, fill_io, fit_block_size, match_width,
-                     model_name, parse_args, resolve_model, resume_config)
-from runtime import (CompiledOrEager, Optimizers, autocast, cli, data_parallel, data_source, fmt_time, global_mean,
-                     guarded, oom_hint, prepare_out_dir)
-from tasks import make_task
+from checkpoints import checkpoint, code_version, print0, resume, write_json
+from commandline import cli, is_oom, is_spec, raised
+from oracles import Metrics, batch_mae
+from runtime import (CompiledOrEager, Optimizers, autocast, check_run_memory, data_parallel, data_source, fmt_time,
+                     global_mean, guarded, native_bf16, oom_hint, prepare_out_dir, say_eta)
+from settings import during_seed, parse_args, start
 
 
-def build(cfg, device, saved=None):
-    """Tasks (training + evaluation lengths), model and optimizer from a config; saved: a checkpoint's model
-    config, which the model is rebuilt from (its width is not matched again, its table not resized)."""
-    train = cfg["train"]
-    task = make_task(cfg["task"], **cfg["task_opts"])
-    eval_tasks = {"default": task}
-    for K in train["eval_K"]:
-        if "K" not in cfg["task_opts"] | task.options():
-            raise ValueError(f"--eval_K needs a task with a K option (hmm, regression), not {cfg['task']!r}")
-        eval_tasks[f"K{K}"] = make_task(cfg["task"], **(cfg["task_opts"] | {"K": K}))
-    if train["train_all_queries"] and cfg["task"] != "recall":
-        raise ValueError(f"--train_all_queries is an option of --task recall, not {cfg['task']!r}")
-    Config, Model = resolve_model(cfg["model"])
-    # training sequences (every key queried) can be longer than the evaluation's: the context fits both
-    train_tasks = [task.all_queries()] if train["train_all_queries"] else []
-    longest = max(t.seq_len for t in [*eval_tasks.values(), *train_tasks])
-    # the options, and the task's I/O fields that the config has: a model that lacks one it needs is refused here
-    mc = dict(saved) if saved else fill_io(cfg["model"], task, cfg["model_opts"], longest)
-    if train["match_params"] and not saved:
-        mc = match_width(cfg, Config, Model, mc, fill_io("transformer", task, {}, longest))
-    config = Config(**fit_block_size(Config, Model, mc, longest))
-    check_run_memory(cfg, asdict(config), max(t.seq_len for t in [task, *train_tasks]), eval_tasks, device)
-    model = Model(config).to(device)
-    return task, eval_tasks, model, make_optimizer(model, train, device), asdict(config)
+def build(run, device):
+    """The run's model on device, and its optimizer: refused first where a training step or an evaluation pass
+    would not fit the machine's memory. An error raised in the model's own __init__ names its file and line."""
+    check_run_memory(run, device)
+    try:
+        model = run.Model(run.Config(**run.model_config)).to(device)
+    except Exception as e:
+        if not is_spec(run.model):  # a built-in's: a bug of ours, with its traceback
+            raise
+        raise ValueError(f"--model {run.model}: building it raised {raised(e, run.model.rpartition(':')[0])}") from None
+    return model, make_optimizer(model, run.train, device)
 
 
 def make_optimizer(model, train, device):
@@ -79,9 +64,47 @@ def make_optimizer(model, train, device):
         return Optimizers(adamw)
     if not hasattr(torch.optim, "Muon"):
         raise ValueError(f"--optimizer muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
-    muon = torch.optim.Muon([p for n, p in named if n in hidden], lr=train["lr"],
-                            weight_decay=train["weight_decay"], adjust_lr_fn="match_rms_adamw")
+    muon = Muon([p for n, p in named if n in hidden], lr=train["lr"], weight_decay=train["weight_decay"],
+                adjust_lr_fn="match_rms_adamw", ns_dtype=torch.bfloat16 if native_bf16(device) else torch.float32)
     return Optimizers(adamw, muon)
+
+
+class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):  # torch < 2.9: refused in make_optimizer
+    """torch.optim.Muon with its Newton-Schulz iterations in ns_dtype. torch's own run in bf16, which a CPU without
+    it natively (AVX2-only x86: older, consumer and many cloud CPUs) emulates at 0.9 GFLOP/s against fp32's 62
+    (results/speed.md); so they run in float32 there and in bf16 where it is native, as torch's do (the same
+    update to the bit: tests/test_train.py). The momentum buffer is torch's (state["momentum_buffer"])."""
+
+    def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
+        super().__init__(params, **kw)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.ns_dtype == torch.bfloat16:
+            return super().step(closure)
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * 0.2 * math.sqrt(max(p.shape)))  # AdamW's RMS (match_rms_adamw)
+
+
+def newton_schulz(g, coefficients, steps, eps, dtype):
+    """The quintic Newton-Schulz iteration towards the orthogonal factor of g (Jordan et al.), as torch.optim.Muon's,
+    in dtype: X <- a X + (b A + c A^2) X with A = X X^T, from X = g / |g|_F, on the wide orientation."""
+    a, b, c = coefficients
+    x = g.to(dtype)
+    wide = g.size(0) <= g.size(1)
+    x = x if wide else x.T
+    x = x.div(x.norm().clamp(min=eps))
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x if wide else x.T
 
 
 def muon_params(model):
@@ -110,18 +133,16 @@ class Batches:
     """The global batch of step `it` is slice it % chunk of one draw of `chunk` batches; every rank draws
     the same and trains on its 1/world slice. state(it) is the generator state that redraws step it's batch."""
 
-    def __init__(self, task, train, device, rank, world):
-        self.gen, self.n = data_source(train, device, task)
-        self.B, self.device, self.rank, self.world = train["batch_size"], device, rank, world
-        grow = (lambda t, **kw: t.all_queries(**kw)) if train["train_all_queries"] else replace
-        one = grow(task)
-        self.stage = parse_curriculum(train["curriculum"], task, train, grow) or (lambda it: one)
+    def __init__(self, run, device, rank, world):
+        self.gen, self.n = data_source(run.train, device, run.tasks["default"])
+        self.B, self.device, self.rank, self.world = run.train["batch_size"], device, rank, world
+        self.stage = run.curriculum  # the task of each step: the layout it trains on, grown by --curriculum
         self.chunk = self.chunk_state = None
 
     def steps_left(self, it, T):
         """The steps from it to T in units of step it's cost, its sequence length (the ETA): T - it, or more
         under a curriculum."""
-        return sum(self.stage(s).seq_len for s in range(it, T)) / self.stage(it).seq_len
+        return self.stage.tokens(it, T) / self.stage(it).seq_len
 
     def get(self, it):
         """Step it's batch, and the task it was drawn from (under a curriculum, that step's stage)."""
@@ -142,43 +163,67 @@ class Batches:
     def state(self, it):
         return self.gen.get_state() if it % self.n == 0 else self.chunk_state
 
+# -----------------------------------------------------------------------------
+# when a run's held-out evaluations end it: --stop_at, --patience
 
-def parse_curriculum(spec, task, train, grow=replace):
-    """--curriculum NAME=START -> stage(it), the task of training step `it`, grow(task, NAME=value); '' -> None.
-    The option is START for the first curriculum_hold steps, then grows linearly, one integer stage at a time, to
-    the task's own value at step curriculum_iters. grow makes a stage (--train_all_queries: every key queried)."""
+RANGE = dict(accuracy=(0.0, 1.0))  # the values a metric can take (the others: [0, inf), bits)
+
+
+def parse_stop(spec, task):
+    """--stop_at: 'metric<=x' or 'metric>=x' -> (metric, op, x), or None for ''; a target no run can meet (accuracy
+    >= 2, kl <= -1) is refused."""
     if not spec:
-        if train.get("curriculum_hold"):
-            raise ValueError(f"--curriculum_hold {train['curriculum_hold']} needs a --curriculum to hold")
         return None
-    m = re.fullmatch(r"(\w+)=(\d+)", spec.replace(" ", ""))
-    options = [f.name for f in fields(task) if isinstance(getattr(task, f.name), int)
-               and not isinstance(getattr(task, f.name), bool)]
-    if m is None or m.group(1) not in options:
-        raise ValueError(f"--curriculum {spec!r}: expected NAME=START with NAME an integer option of {task.name}: "
-                         f"{', '.join(options)}")
-    name, start, end = m.group(1), int(m.group(2)), getattr(task, m.group(1))
-    if not 1 <= start <= end:
-        raise ValueError(f"--curriculum {spec!r}: START must be in [1, {end}] ({task.name}'s {name})")
-    io, stages = (lambda t: [getattr(t, k, None) for k in IO_FIELDS]), {}  # value -> task, every stage checked now
-    for value in range(start, end + 1):
-        try:
-            stages[value] = grow(task, **{name: value})
-        except ValueError as e:
-            which = "its first stage" if value == start else f"the stage {name}={value}"
-            raise ValueError(f"--curriculum {spec!r}: the task refuses {which}: {e}") from None
-        if io(stages[value]) != io(task):
-            raise ValueError(f"--curriculum {spec!r}: {name} changes the model's inputs or outputs; grow an option "
-                             f"that only changes the sequences")
-    iters, hold = train["curriculum_iters"] or train["max_iters"] // 2, train.get("curriculum_hold", 0)
-    if hold >= iters:
-        raise ValueError(f"--curriculum_hold {hold} must be below --curriculum_iters ({iters}), the step from which "
-                         f"{name} is the task's own")
+    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
+    try:
+        x = float(m.group(3)) if m else None
+    except ValueError:
+        x = None
+    if x is not None and not math.isfinite(x):
+        raise ValueError(f"--stop_at {spec!r}: the threshold must be a finite number, got {x}")
+    if x is None:
+        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
+                         "mae_curve, mae_token, kl, accuracy and X a finite number")
+    name, op = m.group(1), m.group(2)
+    if name == "accuracy" and task.gaussian:
+        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
+    lo, hi = RANGE.get(name, (0.0, math.inf))
+    if x < lo if op == "<=" else x > hi:
+        raise ValueError(f"--stop_at {spec!r}: {name} is in [{lo:g}, {hi:g}], so no run can meet it")
+    return name, op, x
 
-    def stage(it):  # after the hold, end - start + 1 stages of equal length
-        grown = (end - start + 1) * max(it - hold, 0) // (iters - hold)
-        return stages[end if it >= iters else start + grown]
-    return stage
+
+def meets(r, target, margin=0.0):
+    """Whether the metrics r meet target (metric, op, x), by `margin` of the metric's standard errors."""
+    name, op, x = target
+    v, se = r[name], margin * r.get(f"{name}_se", 0.0)
+    return v + se <= x if op == "<=" else v - se >= x
+
+
+class StopRule:
+    """When a run's held-out evaluations end it: at --stop_at's target, met by two standard errors over the check's
+    sequences (their noise allowed for: a check of 500 sequences that reads 99.9% when the model has 99.85% does
+    not stop it), or after --patience evaluations in a row whose KL is not 1% below the best before them (the
+    evaluations reuse one set of sequences, so a change is the model's). rule(r) -> why to stop now, or None; a
+    resumed run's history is counted first."""
+    MARGIN = 2.0
+
+    def __init__(self, train, task, history=()):
+        self.spec, self.target, self.patience = train["stop_at"], parse_stop(train["stop_at"], task), train["patience"]
+        self.what = " or ".join([self.spec] * bool(self.spec) + ["a plateau"] * bool(self.patience))  # for eta lines
+        self.best, self.since = math.inf, 0
+        for r in history:
+            self(r)
+        self.reason = None
+
+    def __call__(self, r):
+        self.best, self.since = (r["kl"], 0) if r["kl"] < 0.99 * self.best else (self.best, self.since + 1)
+        self.reason = None
+        if self.target is not None and meets(r, self.target, self.MARGIN):
+            self.reason = f"reached {self.spec}"
+        elif self.patience and self.since >= self.patience:
+            self.reason = f"plateau: KL not 1% below {self.best:.4g} in {self.patience} evaluations"
+        return self.reason
 
 
 @torch.no_grad()
@@ -227,23 +272,25 @@ def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
 # the training loop: a step, now and then a progress line, now and then an evaluation and a checkpoint
 
 
-def train_loop(cfg, proc, resume_state=None, eval_only=False):
+def train_loop(run, proc, resume_state=None, eval_only=False):
     """The run on this process (proc: its device, rank and checkpoints); exit code 0, or 1 if it diverged."""
-    train, T, device = cfg["train"], cfg["train"]["max_iters"], proc.device
+    train, T, device, cfg = run.train, run.train["max_iters"], proc.device, run.config()
     torch.manual_seed(train["seed"])
-    task, eval_tasks, model, opt, model_config = build(cfg, device, resume_state and resume_state["model_config"])
+    model, opt = build(run, device)
+    task = run.tasks["default"]
     use_bf16, ctx = autocast(train["dtype"], device)
-    batches = Batches(task, train, device, proc.rank, proc.world)
+    batches = Batches(run, device, proc.rank, proc.world)
     out_dir = prepare_out_dir(train, resume_state is not None, proc)
+    proc.record = run.describe()  # config.json, beside the first ckpt.pt
     it, elapsed, history = resume(resume_state, model, opt, batches, device, train)
     stop = StopRule(train, task, history)  # a resumed run's evaluations count towards its plateau
     fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)
     eval_fwd = model if proc.world > 1 else fwd  # the bare model: no gradient hooks, no collectives
-    print0(f"{cfg['task']} x {cfg['model']} | {model.num_params():,} params | device {device}"
-           f"{' bf16' * use_bf16} | out {out_dir}")
+    print0(f"{run.task} x {run.model} | {model.num_params():,} params | device {device}"
+           f"{' bf16' * use_bf16} | out {out_dir} | preset {run.entries}")
     t_start = t_log = time.time()
     it_log = it
-    state = lambda: checkpoint(cfg, model_config, model, opt, batches, device, it, elapsed + time.time() - t_start,
+    state = lambda: checkpoint(cfg, run.model_config, model, opt, batches, device, it, elapsed + time.time() - t_start,
                                history)  # what ckpt.pt would hold now
     if resume_state and not all(torch.isfinite(p).all() for p in model.parameters()):  # a diverged run's last save
         print0(f"train.py: error: {out_dir}: its weights are not finite (step {it})", file=sys.stderr)
@@ -253,15 +300,16 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
         for group in opt.param_groups:
             group["lr"] = lr
         batch, stage = batches.get(it)
-        out, loss = update(fwd, model, stage, opt, batch, ctx, train["grad_clip"])
+        out, loss = update(fwd, model, stage, opt, batch, ctx, train["grad_clip"], run.model)
         it = proc.step = it + 1
         at_log, at_eval = it % train["log_interval"] == 0 or it == T, it % train["eval_interval"] == 0 or it == T
         lossf = global_mean(loss, proc.world) if at_log or at_eval else None  # the one host sync between logs
         if at_log and not math.isfinite(lossf):
             return proc.diverged(f"loss is {lossf}", it)
-        if at_log:  # once in a while: a progress line
+        if at_log or it == it_log + 1 == 1:  # once in a while a progress line, and at once after the first step
             dt, left = time.time() - t_log, batches.steps_left(it, T)
-            print0(f"step {it:>6}/{T} | loss {lossf:.4f} | mae {batch_mae(stage, batch, out):.4f} bits (batch) "
+            print0(f"step {it:>6}/{T} | loss {global_mean(loss, proc.world):.4f} | mae "
+                   f"{batch_mae(stage, batch, out):.4f} bits (batch) "
                    f"| {(it - it_log) * train['batch_size'] * stage.seq_len / dt / 1e3:.1f}k tok/s | lr {lr:.2e} "
                    f"| eta {fmt_time(left * dt / (it - it_log))}{', or at ' + stop.what if stop.what else ''}")
             t_log, it_log = time.time(), it
@@ -275,7 +323,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
                 if at_eval:
                     history.append(dict(iter=it, loss=lossf, time=now, **r))
                     print0(f"eval step {it}: {summary(r)}")
-                proc.save(checkpoint(cfg, model_config, model, opt, batches, device, it, now, history), at_eval)
+                proc.save(checkpoint(cfg, run.model_config, model, opt, batches, device, it, now, history), at_eval)
                 t_log, it_log = time.time(), it  # progress rates exclude evaluation time
         verdict = proc.verdict(verdict)
         if verdict == "reached":
@@ -284,8 +332,7 @@ def train_loop(cfg, proc, resume_state=None, eval_only=False):
         if verdict in ("diverged", "failed"):  # rank 0 said why
             return 1 if verdict == "diverged" else 2
     if proc.alone():
-        final_eval(cfg, eval_tasks, eval_fwd, proc, ctx, it, history, elapsed + time.time() - t_start,
-                   model_config, eval_only)
+        final_eval(run, eval_fwd, proc, ctx, it, history, elapsed + time.time() - t_start, stop, eval_only)
     return 0
 
 
@@ -298,46 +345,66 @@ def step(fwd, task, opt, batch, ctx):
     return out, loss
 
 
-def update(fwd, model, task, opt, batch, ctx, grad_clip):
+def update(fwd, model, task, opt, batch, ctx, grad_clip, spec=""):
     """One training step: step() (once more eager if compiling failed), the gradient clipped to grad_clip
-    (0 = off), the optimizer's update. fwd: the model as called (compiled, data-parallel); model: its parameters."""
-    out, loss = fwd.retry(lambda: step(fwd, task, opt, batch, ctx))
+    (0 = off), the optimizer's update. fwd: the model as called (compiled, data-parallel); model: its parameters.
+    A model of a file (spec) whose forward raises is one line naming its file and line; one whose output carries
+    no gradient (detached, cast to integers, no parameters) is refused, not trained on silently."""
+    try:
+        out, loss = fwd.retry(lambda: step(fwd, task, opt, batch, ctx))
+    except Exception as e:
+        if not is_spec(spec) or is_oom(e):
+            raise
+        if "does not require grad" in str(e):
+            raise ValueError(f"--model {spec}: its output has no gradient (detached, not a float, or no parameters "
+                             f"before it): nothing would train") from None
+        raise ValueError(f"--model {spec}: its forward raised {raised(e, spec.rpartition(':')[0])}") from None
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
     return out, loss
 
 
-def final_eval(cfg, eval_tasks, model, proc, ctx, it, history, wall, model_config, eval_only):
-    """The held-out metrics at every evaluated length, into results.json (eval.json for --eval_only)."""
-    train, metrics, device = cfg["train"], {}, proc.device
-    for name, t in eval_tasks.items():
+def final_eval(run, model, proc, ctx, it, history, wall, stop, eval_only):
+    """The held-out metrics at every evaluated length, into results.json (eval.json for --eval_only), with how the
+    run stopped; a run stopped at its target on the checks that misses it on these sequences says so."""
+    train, metrics, device = run.train, {}, proc.device
+    for name, t in run.tasks.items():
         metrics[name] = evaluate(model, t, train["eval_samples"], train["eval_seed"], device, ctx, proc.eval_batch)
         print0(f"final {name} ({train['eval_samples']} held-out sequences): {summary(metrics[name])}")
-    results = dict(task=cfg["task"], model=cfg["model"], preset=cfg["preset"], config=cfg, model_config=model_config,
-                   task_options=eval_tasks["default"].options(), n_params=model.num_params(), iters=it,
-                   metrics=metrics, history=history, wall_time_s=wall, device=str(device), seed=train["seed"],
-                   code_version=code_version(), torch_version=torch.__version__)
+    last = history[-1] if history and history[-1].get("iter") == it else {}
+    why = last.get("stopped") or ("its schedule's end" if it >= train["max_iters"] else "not trained on")
+    meets_final = meets(metrics["default"], stop.target) if stop.target else None
+    stopped = dict(why=why, step=it, target=train["stop_at"] or None, final_meets_target=meets_final)
+    results = dict(task=run.task, model=run.model, preset=run.preset, config=run.config(),
+                   model_config=run.model_config, task_options=run.tasks["default"].options(),
+                   n_params=model.num_params(), iters=it, metrics=metrics, stop=stopped, history=history,
+                   wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
+                   torch_version=torch.__version__)
     path = os.path.join(train["out_dir"], "eval.json" if eval_only else "results.json")
     write_json(path, results)
-    print0(f"wrote {path} | wall time {fmt_time(wall)}")
+    name = stop.target and stop.target[0]
+    miss = (f" | {why} on the checks at step {it}, but the final evaluation misses it: {name} "
+            f"{metrics['default'][name]:.4f}" if why.startswith("reached") and meets_final is False else "")
+    print0(f"wrote {path} | wall time {fmt_time(wall)}{miss}")
 
 
-def run(cfg, resume_state=None, eval_only=False):
+def run_guarded(run, resume_state=None, eval_only=False):
     """train_loop, with Ctrl-C, out of memory and a full disk reported in one line (runtime.guarded)."""
-    check_train(cfg["train"])
-    return guarded(lambda proc: train_loop(cfg, proc, resume_state, eval_only), cfg["train"],
+    if (note := run.curriculum.note(run.train)) and os.environ.get("RANK", "0") == "0":
+        print(note, file=sys.stderr)
+    return guarded(lambda proc: train_loop(run, proc, resume_state, eval_only), run.train,
                    resume_state["iter"] if resume_state else None)
 
 
 def main(argv=None):
     known, given, parser = parse_args(sys.argv[1:] if argv is None else argv, __doc__)
     try:
-        if not (given.get("resume") or given.get("eval_only")):
-            return run(build_config(known.task, known.model, known.preset, given))
-        out_dir = given.get("out_dir") or os.path.join("out", f"{known.task}_{model_name(known.model)}")
-        state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
-        return run(resume_config(state, known, given, out_dir), state, eval_only=bool(given.get("eval_only")))
+        run, state = start(known, given)
+        if given.get("dry_run"):
+            print(json.dumps(run.describe(), indent=1))
+            return 0
+        return run_guarded(run, state, eval_only=bool(given.get("eval_only")))
     except ValueError as e:
         flag = re.match(r"--(curriculum|curriculum_hold) ", str(e))
         if flag and flag[1] not in given and not given.get("resume"):

@@ -10,12 +10,12 @@ def loss_before_after(model, opts, steps):
     after `steps` steps of train.py's `model` and optimizer, built with `opts` over the quick preset."""
     import torch
     import tasks
-    import presets
+    import settings
     import train
     task = tasks.make_task("bijection", V=6)
-    cfg = presets.build_config("bijection", model, "quick", dict(V=6) | opts)
+    run = settings.run_of("bijection", model, "quick", dict(V=6) | opts)
     torch.manual_seed(0)
-    _, _, net, opt, _ = train.build(cfg, torch.device("cpu"))
+    net, opt = train.build(run, torch.device("cpu"))
     fixed = task.sample(256, torch.Generator().manual_seed(1))
     before = task.loss(net(fixed.x), fixed).item()
     g = torch.Generator().manual_seed(2)

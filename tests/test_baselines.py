@@ -6,6 +6,7 @@ import torch.nn as nn
 
 import tasks
 import presets
+import settings
 import train
 from conftest import loss_before_after
 from lstm import LSTM, LSTMConfig
@@ -117,10 +118,10 @@ def test_bf16_autocast_runs_and_keeps_the_lstm_recurrence_in_float32(kind):
 def test_the_authors_lstm_sizes():
     """The authors' LSTMs: bijection d 192 x 6 with positions, tied (1.79-1.80M); HMM d 256 x 9 (≈4.77M)."""
     for task, n in (("bijection", 1_793_856), ("hmm", 4_766_981)):
-        cfg = presets.build_config(task, "lstm", "paper", {})
+        run = settings.run_of(task, "lstm", "paper", {})
         t = tasks.make_task(task)
         io = dict(vocab_size=t.vocab_size, n_classes=t.n_classes, answer_offset=t.answer_offset, block_size=t.seq_len)
-        assert presets.count_params(LSTMConfig, LSTM, io | cfg["model_opts"]) == n
+        assert presets.count_params(LSTMConfig, LSTM, io | run.model_opts) == n
 
 
 def test_bad_configs_and_too_long_sequences():
@@ -148,11 +149,10 @@ def test_a_few_steps_lower_the_loss(model):
 @pytest.mark.parametrize("task", ["bijection", "hmm", "regression", "recall"])
 @pytest.mark.parametrize("model", ["lstm", "mlp", "mamba"])
 def test_match_params_lands_within_2_percent_of_the_transformer(task, model, capsys):
-    *_, ref, _, _ = train.build(presets.build_config(task, "transformer", "quick", {}), torch.device("cpu"))
+    ref, _ = train.build(settings.run_of(task, "transformer", "quick", {}), torch.device("cpu"))
     target = ref.num_params()
     for opts in (dict(match_params=-1), dict(match_params=target // 3, n_layer=1)):
-        cfg = presets.build_config(task, model, "quick", opts)
-        *_, net, _, mc = train.build(cfg, torch.device("cpu"))
+        net, _ = train.build(settings.run_of(task, model, "quick", opts), torch.device("cpu"))
         want = opts["match_params"] if opts["match_params"] > 0 else target
         assert abs(net.num_params() / want - 1) <= 0.02
         said = capsys.readouterr().out
@@ -160,20 +160,18 @@ def test_match_params_lands_within_2_percent_of_the_transformer(task, model, cap
 
 
 def test_match_params_skips_widths_the_model_rejects_and_errors_when_out_of_reach():
-    *_, odd, _, _ = train.build(presets.build_config("bijection", "transformer", "quick", dict(n_head=1, d_model=197)),
-                                torch.device("cpu"))
-    cfg = presets.build_config("bijection", "transformer", "quick", dict(match_params=odd.num_params(), n_head=2))
-    *_, net, _, mc = train.build(cfg, torch.device("cpu"))
-    assert mc["d_model"] in (196, 198) and abs(net.num_params() / odd.num_params() - 1) <= 0.02
-    cfg = presets.build_config("bijection", "mlp", "quick", dict(match_params=10))
+    odd, _ = train.build(settings.run_of("bijection", "transformer", "quick", dict(n_head=1, d_model=197)),
+                         torch.device("cpu"))
+    run = settings.run_of("bijection", "transformer", "quick", dict(match_params=odd.num_params(), n_head=2))
+    net, _ = train.build(run, torch.device("cpu"))
+    assert run.model_config["d_model"] in (196, 198) and abs(net.num_params() / odd.num_params() - 1) <= 0.02
     with pytest.raises(ValueError, match="the closest d_model=1 gives"):
-        train.build(cfg, torch.device("cpu"))
+        settings.run_of("bijection", "mlp", "quick", dict(match_params=10))
 
 
 @pytest.mark.parametrize("model", ["transformer", "mamba", "lstm", "mlp", "linear_attn"])
 def test_a_token_outside_the_vocabulary_is_a_clear_error(model):
-    cfg = presets.build_config("bijection", model, "quick", dict(V=4, n_layer=1))
-    _, _, net, _, _ = train.build(cfg, torch.device("cpu"))
+    net, _ = train.build(settings.run_of("bijection", model, "quick", dict(V=4, n_layer=1)), torch.device("cpu"))
     x = tasks.make_task("bijection", V=4).sample(2, torch.Generator().manual_seed(0)).x
     for bad in (8, -1):  # vocab_size = 2V = 8
         x[0, 0] = bad

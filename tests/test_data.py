@@ -13,6 +13,7 @@ import hardware
 import tasks
 import presets
 import runtime
+import settings
 import train
 from oracles import hmm_filter
 
@@ -82,9 +83,9 @@ def test_the_query_layout_draws_bijections_with_a_context_key_as_query(with_repl
 
 
 def test_the_bijection_layout_is_a_flag_and_a_typo_names_the_choices():
-    known, given, _ = presets.parse_args(["--task", "bijection", "--layout", "query"])
-    cfg = presets.build_config(known.task, known.model, known.preset, given)
-    assert cfg["task_opts"]["layout"] == "query" and tasks.make_task("bijection", **cfg["task_opts"]).vocab_size == 20
+    known, given, _ = settings.parse_args(["--task", "bijection", "--layout", "query"])
+    run = settings.resolve(known, given)
+    assert run.task_opts["layout"] == "query" and run.tasks["default"].vocab_size == 20
     with pytest.raises(ValueError, match=r"^bijection: layout must be one of separate, query, got 'shared'$"):
         tasks.make_task("bijection", layout="shared")
 
@@ -197,10 +198,10 @@ def test_memory_can_skip_the_checks_that_read_values_back():
 
 
 def test_batches_are_drawn_on_the_cpu_unless_training_on_a_gpu():
-    cfg = presets.build_config("hmm", "transformer", "quick", {})
-    gen, chunk = runtime.data_source(cfg["train"], torch.device("cpu"))
+    run = settings.run_of("hmm", "transformer", "quick", {})
+    gen, chunk = runtime.data_source(run.train, torch.device("cpu"))
     assert gen.device.type == "cpu" and chunk == 1
-    gen, chunk = runtime.data_source(cfg["train"] | dict(data_device="device", data_chunk=3), torch.device("cpu"))
+    gen, chunk = runtime.data_source(run.train | dict(data_device="device", data_chunk=3), torch.device("cpu"))
     assert gen.device.type == "cpu" and chunk == 3
 
 
@@ -229,8 +230,8 @@ SMALL_MODELS = {"transformer": dict(n_layer=1, n_head=2, d_model=16), "mamba": d
 @pytest.mark.parametrize("name, model", [(t, "transformer") for t in SMALL]
                          + [("hmm", m) for m in SMALL_MODELS if m != "transformer"])
 def test_a_training_step_on_the_gpu_never_waits_for_it(name, model):
-    cfg = presets.build_config(name, model.split()[0], "quick", SMALL[name] | SMALL_MODELS[model])
-    hardware.sync_free_step(cfg, torch.device("cuda"))  # the check `bench.py gpu` runs
+    run = settings.run_of(name, model.split()[0], "quick", SMALL[name] | SMALL_MODELS[model])
+    hardware.sync_free_step(run, torch.device("cuda"))  # the check `bench.py gpu` runs
 
 
 def test_recall_training_layout_queries_every_stored_key_once_in_random_order():
@@ -303,9 +304,9 @@ def test_every_task_hands_a_model_these_io_fields():
 def test_the_transformer_reads_answers_off_the_answer_tokens_embeddings(task_name):
     # the paper's tied head: logits = h @ (the C answer tokens' embedding rows)^T, no head of its own, by default
     assert presets.TransformerConfig.tie_head is True and presets.TransformerConfig.head_vocab is False
-    cfg = presets.build_config(task_name, "transformer", "quick", dict(d_model=16, n_layer=1, n_head=2))
+    run = settings.run_of(task_name, "transformer", "quick", dict(d_model=16, n_layer=1, n_head=2))
     torch.manual_seed(0)
-    task, _, model, _, _ = train.build(cfg, torch.device("cpu"))
+    (model, _), task = train.build(run, torch.device("cpu")), run.tasks["default"]
     assert model.tied and not any("head" in n for n, _ in model.named_parameters())
     x = task.sample(2, torch.Generator().manual_seed(0)).x
     _, inside = model(x, return_internals=True)

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 import checkpoints
+import commandline
 import oracles
 import presets
 import runtime
+import tasks
 import train
 from cli import exit_code
 
@@ -62,7 +64,7 @@ def test_a_negative_max_iters_is_named_as_itself(capsys):
 @pytest.mark.parametrize("spec", ["accuracy>=1e400", "kl<=-1e999"])
 def test_stop_at_refuses_an_infinite_threshold(spec):
     with pytest.raises(ValueError, match="finite"):
-        oracles.parse_stop(spec, None)
+        train.parse_stop(spec, None)
 
 
 # bench.py and hardware.py: refused at parse time, naming the flag (exit 2)
@@ -83,7 +85,7 @@ def test_bench_refuses_bad_flags_naming_them(argv, flag, capsys):
 
 def run_cli(main, prog="x.py"):
     with pytest.raises(SystemExit) as e:
-        runtime.cli(main, prog, "nothing was written")
+        commandline.cli(main, prog, "nothing was written")
     return e.value.code
 
 
@@ -116,7 +118,7 @@ def test_another_runtime_error_is_not_swallowed():
     def bug():
         raise RuntimeError("a bug")
     with pytest.raises(RuntimeError):
-        runtime.cli(bug, "x.py", "")
+        commandline.cli(bug, "x.py", "")
 
 
 # conditioning.py
@@ -218,7 +220,7 @@ def hmm_run(tmp_path_factory):
     (["--task", "hmm", "--eval_K", "100000000"], "--eval_K 100000000")])
 def test_train_refuses_what_memory_cannot_hold_before_allocating(tmp_path, monkeypatch, argv, flag, capsys):
     # before the fix each ran until the kernel ended it (8 GB in 23 s for --batch_size 3000000)
-    monkeypatch.setattr(checkpoints, "machine_memory", lambda device: 16 * 2 ** 30)  # any machine: 16 GiB
+    monkeypatch.setattr(runtime, "machine_memory", lambda device: 16 * 2 ** 30)  # any machine: 16 GiB
     assert exit_code(train.main, ["--model", "transformer", *SMALL, *argv, "--out_dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and flag in err and "GiB of memory" in err, err
@@ -230,7 +232,7 @@ def test_train_refuses_what_memory_cannot_hold_before_allocating(tmp_path, monke
                                         (["clusters", "--n_perm", "100000000000"], "--n_perm 100000000000")])
 def test_geometry_refuses_what_memory_cannot_hold(hmm_run, monkeypatch, argv, flag, capsys):
     import geometry
-    monkeypatch.setattr(checkpoints, "machine_memory", lambda device: 16 * 2 ** 30)
+    monkeypatch.setattr(runtime, "machine_memory", lambda device: 16 * 2 ** 30)
     assert exit_code(geometry.main, [*argv, "--ckpt", hmm_run, "--no_plot"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and flag in err and "GiB of memory" in err, err
@@ -240,7 +242,7 @@ def test_a_long_evaluation_says_how_long(monkeypatch, capsys):
     # --eval_samples 100000000 keeps one draw's memory (measured flat at 0.4 GB) but ran for hours unannounced
     clock = itertools.count(0, 10)  # every call to time.time() 10 s later: each draw "takes" 10 s
     monkeypatch.setattr(time, "time", lambda: next(clock))
-    task = train.make_task("bijection", V=4)
+    task = tasks.make_task("bijection", V=4)
     class Flat(torch.nn.Module):  # a uniform prediction: the metrics do not matter here
         def forward(self, x):
             return torch.zeros(*x.shape, task.V)
@@ -278,7 +280,7 @@ def test_an_out_dir_that_is_a_link_to_nowhere_is_named(tmp_path, target, words, 
 def test_stdout_to_dev_full_is_named(tmp_path):
     # before: "[Errno 28] No space left on device", naming nothing
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = "import sys, runtime; runtime.cli(lambda: print('x') or sys.stdout.flush() or 0, 'x.py', 'kept')"
+    code = "import sys, commandline; commandline.cli(lambda: print('x') or sys.stdout.flush() or 0, 'x.py', 'kept')"
     with open("/dev/full", "w") as full:
         p = subprocess.run([sys.executable, "-c", code], cwd=here, stdout=full, stderr=subprocess.PIPE, text=True)
     assert p.returncode == 1 and p.stderr.strip() == "x.py: error: stdout (/dev/full) is full: No space left on " \

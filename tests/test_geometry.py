@@ -21,6 +21,7 @@ import train
 from cli import exit_code
 from tasks import make_task
 from transformer import Transformer, TransformerConfig
+import settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D = torch.float64
@@ -118,7 +119,7 @@ def test_keys_named_variants_are_the_authors_statistics(runs):
     assert len(k["variants"]) == 16 and set(k["named"]) == {"ours", "qkv_analysis", "identify_frame_head"}
     q, f = k["named"]["qkv_analysis"], k["named"]["identify_frame_head"]
     assert (q["tokens"], q["n_tokens"], q["floor"]) == ("vocab", 12, -1 / 11)
-    model, task, _ = checkpoints.load(runs["bij"])
+    model, task, _ = settings.load(runs["bij"])
     with torch.no_grad():
         assert abs(q["trained"] - by_hand_key_stat(model, torch.arange(12), 0, False, True, "mean")) < 1e-12
         assert abs(f["trained"] - by_hand_key_stat(model, torch.arange(6, 12), 0, True, False, "min")) < 1e-12
@@ -267,7 +268,7 @@ def test_frame_head_concentration():
 def test_js_divergence():
     p = torch.tensor([[0.2, 0.8, 0.0], [1.0, 0.0, 0.0]], dtype=D)
     q = torch.tensor([[0.2, 0.8, 0.0], [0.0, 0.5, 0.5]], dtype=D)
-    assert torch.allclose(oracles.js_bits(p, q), torch.tensor([0.0, 1.0], dtype=D))
+    assert torch.allclose(geometry_stats.js_bits(p, q), torch.tensor([0.0, 1.0], dtype=D))
 
 
 def test_key_positions_mae_is_the_authors_paired_statistic_prefix_by_prefix():
@@ -283,7 +284,7 @@ def test_key_positions_mae_is_the_authors_paired_statistic_prefix_by_prefix():
         h = -(p * p.log2()).sum(-1)
         by_t.append((h - math.log2(task.V - t + 1)).abs().mean())
     with torch.no_grad():
-        got = oracles.key_positions_mae(model, task, batch)
+        got = geometry_stats.key_positions_mae(model, task, batch)
     assert got == pytest.approx(torch.stack(by_t).mean().item(), abs=1e-12)
 
 
@@ -329,10 +330,10 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["bij", "mamba"])
 def test_the_init_baseline_is_the_runs_initialisation(runs, name):
-    state = checkpoints.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
+    state = settings.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
     torch.manual_seed(state["config"]["train"]["seed"])  # as train.run does before train.build
     _, _, model, _, _ = train.build(state["config"], torch.device("cpu"))
-    fresh = checkpoints.build_model(state, trained=False)
+    fresh = settings.build_model(state, trained=False)
     assert all(torch.equal(a.double(), b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
 
@@ -678,7 +679,7 @@ def test_trajectory_reads_the_authors_statistic_at_every_snapshot(tmp_path):
     rows = json.load(open(tmp_path / "geometry_trajectory.json"))["steps"]
     assert [r["step"] for r in rows] == [100, 200]  # the authors' dense steps
     assert [r["authors_mae"] for r in rows] == [2.82456, 0.77779] and rows[1]["authors_frame_ratio"] == 1.024
-    m, task, _ = checkpoints.load(str(tmp_path / "ckpt_0000100.pt"))
+    m, task, _ = settings.load(str(tmp_path / "ckpt_0000100.pt"))
     x = geometry_stats.jlens_tokens(task, 256)
     H = -(torch.softmax(m(x)[:, 0::2, task.V:].double(), -1) * torch.log_softmax(m(x)[:, 0::2, task.V:].double(), -1)
           ).sum(-1) / math.log(2)  # the value slice of the 40-way head, at the 19 key positions

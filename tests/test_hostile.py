@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from cli import exit_code
+import settings
+import commandline
 import mamba
 from mamba import Mamba, MambaConfig
 import oracles
@@ -98,19 +100,19 @@ def test_bad_settings_are_one_line(capsys, argv, want):
 def test_stop_at_refuses_a_bound_that_overflows_to_infinity(capsys):
     # float("1e400") is inf: accepted, the run could never stop early (while mae_curve<=inf was refused)
     with pytest.raises(ValueError, match="a finite number"):
-        oracles.parse_stop("accuracy>=1e400", tasks.make_task("recall"))
+        train.parse_stop("accuracy>=1e400", tasks.make_task("recall"))
     assert run_main(["--stop_at", "accuracy>=1e400"] + NOWHERE) == 2
     one_line(capsys, "--stop_at 'accuracy>=1e400'")
 
 
 def test_a_curriculum_longer_than_the_run_is_said(capsys):
     cfg = presets.build_config("regression", "transformer", "quick", dict(curriculum_iters=100, max_iters=4))
-    presets.check_train(cfg["train"])  # train.py's, as the run starts
+    settings.check_train(cfg["train"])  # train.py's, as the run starts
     err = capsys.readouterr().err
     assert "note: --curriculum d_active=2 grows d_active until step 100 (--curriculum_iters), past the run's 4" in err
     # meant (a schedule --resume continues), nothing trained, and the preset's own: no note
     for given in (dict(curriculum_iters=100, max_iters=4, lr_decay_iters=100), dict(max_iters=0), {}):
-        presets.check_train(presets.build_config("regression", "transformer", "quick", given)["train"])
+        settings.check_train(presets.build_config("regression", "transformer", "quick", given)["train"])
     assert capsys.readouterr().err == ""
 
 
@@ -338,7 +340,7 @@ def test_out_of_memory_in_any_script_is_one_line(capsys):
     def main():
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
     with pytest.raises(SystemExit) as e:
-        runtime.cli(main, "bench.py", "nothing was written")
+        commandline.cli(main, "bench.py", "nothing was written")
     assert e.value.code == 1  # a fault, not a usage error
     one_line(capsys, "bench.py: error: out of memory (try smaller sizes); nothing was written")
 
@@ -597,7 +599,7 @@ def test_a_bad_environment_under_a_sweep_is_said_on_stderr(tmp_path, monkeypatch
 def test_omp_num_threads_that_is_not_a_count_is_refused(monkeypatch, capsys, value):
     monkeypatch.setenv("OMP_NUM_THREADS", value)
     with pytest.raises(SystemExit) as e:
-        runtime.cli(lambda: pytest.fail("main ran"), "train.py", "nothing was written")
+        commandline.cli(lambda: pytest.fail("main ran"), "train.py", "nothing was written")
     assert e.value.code == 2
     one_line(capsys, f"train.py: error: environment variable OMP_NUM_THREADS={value!r} must be a number of threads")
 
@@ -605,7 +607,7 @@ def test_omp_num_threads_that_is_not_a_count_is_refused(monkeypatch, capsys, val
 def test_omp_num_threads_of_a_count_runs(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     with pytest.raises(SystemExit) as e:
-        runtime.cli(lambda: 0, "train.py", "nothing was written")
+        commandline.cli(lambda: 0, "train.py", "nothing was written")
     assert e.value.code == 0
 
 
@@ -629,8 +631,9 @@ LATE_SIGNAL = """
 import atexit, os, signal, sys, time
 signal.signal(signal.SIGINT, lambda *a: os._exit(9))  # a script's own handler while torch loads
 import runtime
+import commandline
 atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.5)))  # Ctrl-C while the process exits
-runtime.cli(lambda: 0, "x.py", "nothing was written")
+commandline.cli(lambda: 0, "x.py", "nothing was written")
 """
 
 

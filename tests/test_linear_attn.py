@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from conftest import loss_before_after
 from linear_attn import RULES, LinearAttention, LinearAttentionConfig, memory
+import settings
+import train
 
 torch.set_num_threads(1)
 CASES = [("hebbian", None), ("hebbian", 0.9), ("delta", None), ("oja", None)]  # (rule, decay)
@@ -236,7 +238,7 @@ def test_trains_through_train_py(tmp_path, rule):
     import presets
     import train
     assert presets.MODELS["linear_attn"] == (LinearAttentionConfig, LinearAttention)
-    helps = presets.field_help(LinearAttentionConfig)
+    helps = settings.field_help(LinearAttentionConfig)
     assert all(helps.get(f) for f in LinearAttentionConfig.__dataclass_fields__), "every field needs a # help comment"
     rc = train.main(["--task", "bijection", "--model", "linear_attn", "--rule", rule, "--V", "6", "--d_model", "16",
                      "--n_head", "2", "--n_layer", "1", "--learn_beta", "--max_iters", "4", "--log_interval", "2",

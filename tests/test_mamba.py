@@ -11,6 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hardware import SCAN_NAMES as NAMES, rel_err, run_scan, scan_inputs  # the comparison `bench.py gpu` runs on a GPU
 from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan, selective_scan_ref
+import settings
+import train
 
 torch.set_num_threads(1)
 
@@ -363,7 +365,7 @@ def test_trains_through_train_py(tmp_path, monkeypatch):
     import presets
     import train
     monkeypatch.setitem(presets.MODELS, "mamba", (MambaConfig, Mamba))
-    helps = presets.field_help(MambaConfig)
+    helps = settings.field_help(MambaConfig)
     assert all(helps.get(f) for f in MambaConfig.__dataclass_fields__), "every config field needs a # help comment"
     rc = train.main(["--task", "bijection", "--model", "mamba", "--V", "6", "--L", "5", "--d_model", "16",
                      "--n_layer", "1", "--max_iters", "3", "--log_interval", "3", "--eval_interval", "3",

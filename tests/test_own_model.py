@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import settings
+import commandline
 import checkpoints
 import presets
 import reproduce
@@ -120,7 +122,7 @@ def test_a_model_file_trains_resumes_and_evaluates_from_an_unedited_checkout(tmp
     assert json.load(open(out / "results.json"))["iters"] == 4
     assert exit_code(train.main, argv + ["--eval_only"]) == 0
     assert json.load(open(out / "eval.json"))["metrics"] == json.load(open(out / "results.json"))["metrics"]
-    model, task, state = checkpoints.load(str(out))  # geometry.py's loader
+    model, task, state = settings.load(str(out))  # geometry.py's loader
     assert type(model).__name__ == "Conv" and state["iter"] == 4 and task.name == "bijection"
 
 
@@ -265,7 +267,7 @@ def test_a_checkpoint_reopens_for_every_io_field_a_config_declares(tmp_path, tas
     assert exit_code(train.main, argv + tiny + ["--max_iters", "2"]) == 0
     assert exit_code(train.main, argv + ["--resume", "--max_iters", "3"]) == 0
     assert exit_code(train.main, argv + ["--eval_only"]) == 0
-    model, t, state = checkpoints.load(str(out))  # geometry.py's loader
+    model, t, state = settings.load(str(out))  # geometry.py's loader
     assert state["iter"] == 3 and model.config.answer_offset == t.answer_offset  # None on hmm and regression
 
 
@@ -332,7 +334,7 @@ def test_eval_only_refuses_a_wrong_output_shape_as_training_does(tmp_path, capsy
     assert exit_code(train.main, argv + TINY) == 0
     model_file(tmp_path, "conv", CONV_PY.replace("return self.head(h.transpose(1, 2))",
                                                  "return self.head(h.transpose(1, 2))[..., :1]"))  # (B, T, 1)
-    presets.load_module.cache_clear()  # the edited file, as a new process reads it
+    commandline.load_module.cache_clear()  # the edited file, as a new process reads it
     capsys.readouterr()
     assert exit_code(train.main, argv + ["--eval_only"]) == 2
     assert capsys.readouterr().err.strip().endswith("the model's output is (50, 9, 1); bijection needs a tensor "

@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+import commandline
 import checkpoints
 import runtime
 import tasks
@@ -239,7 +240,7 @@ def test_ctrl_c_outside_a_run_is_one_line_and_exit_2(capsys):
         raise KeyboardInterrupt
 
     with pytest.raises(SystemExit) as e:
-        runtime.cli(interrupted, "x.py", "nothing was written")
+        commandline.cli(interrupted, "x.py", "nothing was written")
     assert e.value.code == 2 and capsys.readouterr().err == "x.py: error: interrupted; nothing was written\n"
 
 
@@ -411,7 +412,7 @@ def ctrl_c_as_in_a_terminal():
 def test_a_c_or_latin_1_locale_gets_no_traceback(tmp_path):
     """"−" and "—" on a stdout that cannot encode them come out escaped; the tables are written in UTF-8."""
     env = os.environ | {"LC_ALL": "C", "PYTHONUTF8": "0", "OMP_NUM_THREADS": "1"}
-    say = "import runtime; runtime.cli(lambda: print('0.5 \\u2212 1 \\u2014 ok') or 0, 'x', '')"
+    say = "import commandline; commandline.cli(lambda: print('0.5 \\u2212 1 \\u2014 ok') or 0, 'x', '')"
     for codec in ("ascii", "latin-1"):
         p = subprocess.run([sys.executable, "-c", say], cwd=ROOT, capture_output=True, env=env | {
             "PYTHONIOENCODING": codec})

@@ -182,7 +182,8 @@ def test_time_to_target_counts_training_sequences_and_bench_points_to_it(tmp_pat
 def test_bench_names_the_cpu_and_scales_times_by_the_matmul_rate(tmp_path, capsys, monkeypatch):
     import bench
     import hardware
-    monkeypatch.setattr(hardware, "cpu_flags", lambda: ("Some CPU", {"avx2", "avx512f", "avx512_bf16"}))
+    import runtime
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: ("Some CPU", {"avx2", "avx512f", "avx512_bf16"}))
     assert bench.main(["matmul", "--threads", "1", "--n", "64", "--reps", "1", "--ref_gflops", "1e-9",
                        "--json", str(tmp_path / "m.json")]) == 0
     m = json.load(open(tmp_path / "m.json"))
@@ -190,9 +191,9 @@ def test_bench_names_the_cpu_and_scales_times_by_the_matmul_rate(tmp_path, capsy
     assert m["matmul_gflops"] > 0 and m["time_factor"] == pytest.approx(1e-9 / m["matmul_gflops"])
     assert f"CPU: Some CPU, AVX-512, avx512_bf16: {m['matmul_gflops']} GFLOP/s fp32 matmul on 1 threads" \
         in capsys.readouterr().out
-    monkeypatch.setattr(hardware, "cpu_flags", lambda: ("Other", {"avx2", "amx_tile", "amx_bf16", "avx512f"}))
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: ("Other", {"avx2", "amx_tile", "amx_bf16", "avx512f"}))
     assert hardware.machine(1, n=32, reps=1)["isa"] == "AMX"
-    monkeypatch.setattr(hardware, "cpu_flags", lambda: ("Old", {"avx2"}))
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: ("Old", {"avx2"}))
     assert hardware.machine(1, n=32, reps=1)["bf16"] == "no native bf16"
     assert hardware.scaled_time(60.0, 188.0, 47.0) == 240.0  # a quarter of the rate: four times the wall time
 

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,7 @@ import presets
 import train
 from cli import exit_code
 from conftest import loss_before_after
+import settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "--d_model", "16",
@@ -81,33 +84,39 @@ def test_muon_runs_save_and_resume_identically(tmp_path):
 
 
 def test_curriculum_grows_the_option_in_equal_stages_and_resumes_identically(tmp_path):
-    task = tasks.make_task("recall", n_pairs=8, n_queries=2, key_vocab=16, value_vocab=16, filler=2)
-    stage = train.parse_curriculum("n_pairs=5", task, dict(curriculum_iters=8, max_iters=20))
+    opts = dict(n_pairs=8, n_queries=2, key_vocab=16, value_vocab=16, filler=2)
+    task = tasks.make_task("recall", **opts)
+    grow = lambda spec, **kw: settings.Curriculum("recall", opts, CURRICULUM | dict(curriculum=spec, **kw), task)
+    stage = grow("n_pairs=5", curriculum_iters=8, max_iters=20)
     assert [stage(it).n_pairs for it in range(12)] == [5, 5, 6, 6, 7, 7, 8, 8, 8, 8, 8, 8]
     assert stage(10) == task and stage(0).seq_len < task.seq_len
-    assert train.parse_curriculum("", task, {}) is None
-    held = train.parse_curriculum("n_pairs=5", task, dict(curriculum_iters=8, curriculum_hold=4, max_iters=20))
+    assert stage.tokens(0, 12) == sum(stage(it).seq_len for it in range(12))  # in closed form, not step by step
+    assert grow("")(3) is task
+    held = grow("n_pairs=5", curriculum_iters=8, curriculum_hold=4, max_iters=20)
     assert [held(it).n_pairs for it in range(10)] == [5, 5, 5, 5, 5, 6, 7, 8, 8, 8]  # 4 steps at 5, then grown by 8
+    assert held.tokens(2, 9) == sum(held(it).seq_len for it in range(2, 9))
     with pytest.raises(ValueError, match="--curriculum_hold 8 must be below --curriculum_iters"):
-        train.parse_curriculum("n_pairs=5", task, dict(curriculum_iters=8, curriculum_hold=8, max_iters=20))
+        grow("n_pairs=5", curriculum_iters=8, curriculum_hold=8, max_iters=20)
     with pytest.raises(ValueError, match="--curriculum_hold 4 needs a --curriculum"):
-        train.parse_curriculum("", task, dict(curriculum_iters=8, curriculum_hold=4, max_iters=20))
+        grow("", curriculum_iters=8, curriculum_hold=4, max_iters=20)
     run_and_resume(tmp_path, ["--task", "recall", "--n_pairs", "8", "--n_queries", "2", "--key_vocab", "16",
                               "--value_vocab", "16", "--filler", "2", "--n_layer", "1", "--d_model", "16",
                               "--batch_size", "8", "--eval_samples", "20", "--eval_samples_during", "20",
                               "--curriculum", "n_pairs=3", "--curriculum_iters", "10"], task="recall")
 
 
+CURRICULUM = dict(curriculum_hold=0, train_all_queries=False, lr_decay_iters=0)  # what Curriculum reads besides
+
+
 def test_every_preset_curriculum_is_valid():
     found = []
     for preset in presets.PRESETS:
-        for task in presets.PRESETS[preset]:
+        for task in [t for t in presets.PRESETS[preset] if t != "any task"]:
             for model in presets.MODELS:
-                cfg = presets.build_config(task, model, preset, {})
-                if cfg["train"]["curriculum"]:
-                    t = tasks.make_task(task, **cfg["task_opts"])
-                    stage = train.parse_curriculum(cfg["train"]["curriculum"], t, cfg["train"])
-                    assert stage(cfg["train"]["max_iters"]) == t and stage(0) != t
+                run = settings.run_of(task, model, preset, {})
+                if run.train["curriculum"]:
+                    stage = run.curriculum
+                    assert stage(run.train["max_iters"]) == stage.layout and stage(0) != stage.layout
                     found.append((preset, task))
     assert ("quick", "regression") in found and ("cpu_paper_task", "recall") in found
 
@@ -123,8 +132,8 @@ MUON = {  # per model, the parameters of block 0 that Muon takes (every other bl
 
 @pytest.mark.parametrize("model_name", list(MUON))
 def test_muon_takes_the_linear_weights_of_the_blocks_and_adamw_the_rest(model_name):
-    cfg = presets.build_config("recall", model_name, "quick", dict(optimizer="muon", n_layer=2))
-    _, _, model, opt, _ = train.build(cfg, torch.device("cpu"))
+    model, opt = train.build(settings.run_of("recall", model_name, "quick", dict(optimizer="muon", n_layer=2)),
+                             torch.device("cpu"))
     adamw, muon = opt.opts
     names = {id(p): n for n, p in model.named_parameters()}
     in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
@@ -218,10 +227,38 @@ def test_resume_fills_in_settings_added_after_the_checkpoint(tmp_path):
 def test_stop_at_ends_the_run_at_the_first_evaluation_that_reaches_it(tmp_path):
     argv = TINY + ["--max_iters", "12", "--eval_interval", "4"]
     assert run_main(argv + ["--stop_at", "kl<=100", "--out_dir", str(tmp_path / "a")]) == 0  # met at once
-    assert run_main(argv + ["--stop_at", "accuracy>=1.01", "--out_dir", str(tmp_path / "b")]) == 0  # never met
+    assert run_main(argv + ["--stop_at", "accuracy>=1", "--out_dir", str(tmp_path / "b")]) == 0  # never met
     a, b = (json.load(open(tmp_path / d / "results.json")) for d in "ab")
     assert a["iters"] == 4 and [h["iter"] for h in a["history"]] == [4]
+    assert a["stop"] == dict(why="reached kl<=100", step=4, target="kl<=100", final_meets_target=True)
     assert b["iters"] == 12 and [h["iter"] for h in b["history"]] == [4, 8, 12]
+    assert b["stop"]["why"] == "its schedule's end" and b["stop"]["final_meets_target"] is False
+
+
+@pytest.mark.parametrize("spec", ["accuracy>=2", "kl<=-1", "mae_token<=-0.5", "accuracy<=-1"])
+def test_a_target_no_run_can_meet_is_refused_before_training(tmp_path, spec, capsys):
+    assert run_main(TINY + ["--stop_at", spec, "--out_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "so no run can meet it" in err and not os.listdir(tmp_path), err
+
+
+def test_a_stop_on_the_checks_that_the_final_evaluation_misses_says_so(tmp_path, capsys, monkeypatch):
+    """The checks' sequences are not the final evaluation's: a run stopped on them that misses its target on the
+    final sequences says so in its last line and in results.json (a check made to read 100% stands for the luck of
+    a small one)."""
+    real = train.evaluate
+    lucky = lambda model, task, n, *a, **kw: real(model, task, n, *a, **kw) | (
+        dict(accuracy=1.0, accuracy_se=0.0) if kw.get("flag") == "--eval_samples_during" else {})
+    monkeypatch.setattr(train, "evaluate", lucky)
+    argv = ["--preset", "tiny", "--max_iters", "8", "--eval_interval", "2", "--out_dir", str(tmp_path)]
+    assert run_main(argv + ["--stop_at", "accuracy>=0.2"]) == 0
+    r = json.load(open(tmp_path / "results.json"))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    final = r["metrics"]["default"]["accuracy"]
+    assert r["iters"] == 2 and final < 0.2  # tiny's recall after 2 steps: at chance
+    assert r["stop"] == dict(why="reached accuracy>=0.2", step=2, target="accuracy>=0.2", final_meets_target=False)
+    assert f"reached accuracy>=0.2 on the checks at step 2, but the final evaluation misses it: accuracy " \
+           f"{final:.4f}" in last, last
 
 
 def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp_path, monkeypatch, capsys):
@@ -232,6 +269,7 @@ def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp
         calls.append((n_samples, seed, task.sample(n_samples, torch.Generator().manual_seed(seed)).x))
         if n_samples == 10:  # a check during training: below the rule, then at it
             r["accuracy"] = [0.5, 0.9995][sum(c[0] == 10 for c in calls) - 1]
+            r["accuracy_se"] = 0.0002  # met by two standard errors: 0.9995 - 0.0004 >= 0.999
         return r
     monkeypatch.setattr(train, "evaluate", spy)
     argv = ["--task", "recall", "--n_pairs", "4", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8",
@@ -243,36 +281,52 @@ def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp
     assert r["iters"] == 8 and [h["accuracy"] for h in r["history"]] == [0.5, 0.9995]
     out = capsys.readouterr().out
     assert "reached accuracy>=0.999 at step 8" in out and "/12 | loss" in out
-    assert all(line.endswith(", or at accuracy>=0.999") for line in out.splitlines() if "| eta " in line)
+    assert all(line.endswith(", or at accuracy>=0.999 or a plateau") for line in out.splitlines() if "| eta " in line)
     (n1, s1, x1), (n2, s2, x2), (n3, s3, x3) = calls  # two checks, then the final evaluation once
     assert (n1, n2, n3) == (10, 10, 20) and s1 == s2 == 424243 and s3 == r["config"]["train"]["eval_seed"] == 424242
     assert r["metrics"]["default"]["accuracy"] < 0.999  # the final figure is the final evaluation's own
     assert not any(torch.equal(a, b) for a in x1 for b in x3)  # no check sequence is one of the final evaluation's
-    assert presets.layered("recall", "transformer", "quick")[0]["stop_at"] == "accuracy>=0.999"
-    assert presets.layered("recall", "transformer", "cpu_paper_task")[0]["stop_at"] == "accuracy>=0.99"
-    assert presets.layered("recall", "mamba", "quick")[0]["stop_at"] == "accuracy>=0.978"  # the paper's Mamba
+    assert settings.entries("recall", "transformer", "quick")[0]["stop_at"] == "accuracy>=0.999"
+    assert settings.entries("recall", "transformer", "cpu_paper_task")[0]["stop_at"] == "accuracy>=0.99"
+    assert settings.entries("recall", "mamba", "quick")[0]["stop_at"] == "accuracy>=0.999"  # the task's, not Mamba's
 
 
-def test_a_plateau_ends_a_run_and_a_target_cell_never_stops_on_one():
+def test_a_plateau_ends_a_run_and_a_target_is_met_by_two_standard_errors():
     """--patience N: N evaluations in a row whose KL is not 1% below the best before them end the run; a resumed run
-    counts the evaluations it had. A cell with a target has no plateau rule (patience 0)."""
-    rule = oracles.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"))
+    counts the evaluations it had. A target counts as met where it holds by two standard errors of the check."""
+    rule = train.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"))
     assert [rule(dict(kl=k)) for k in (1.0, 0.5, 0.496, 0.4)] == [None, None, None, None]  # 0.496: not 1% better
     assert rule(dict(kl=0.399)) is None and rule(dict(kl=0.398)).startswith("plateau: KL not 1% below 0.4 in 2")
-    resumed = oracles.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"),
-                               [dict(kl=0.4), dict(kl=0.399)])
+    resumed = train.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"),
+                             [dict(kl=0.4), dict(kl=0.399)])
     assert resumed(dict(kl=0.398)) is not None and resumed.what == "a plateau"
-    target = oracles.StopRule(dict(stop_at="mae_curve<=0.01", patience=0), tasks.make_task("bijection"))
+    target = train.StopRule(dict(stop_at="mae_curve<=0.01", patience=0), tasks.make_task("bijection"))
     assert [target(dict(kl=1.0, mae_curve=0.5)) for _ in range(9)] == [None] * 9
     assert target(dict(kl=1.0, mae_curve=0.01)) == "reached mae_curve<=0.01"
-    for task in presets.PRESETS["quick"]:
-        for model in presets.MODELS:
-            tr = presets.layered(task, model, "quick")[0]
-            assert bool(tr["stop_at"]) != bool(tr["patience"]), (task, model)  # one rule per cell
+    assert target(dict(kl=1.0, mae_curve=0.009, mae_curve_se=0.001)) is None  # 0.009 + 2 x 0.001 > 0.01
+    assert target(dict(kl=1.0, mae_curve=0.007, mae_curve_se=0.001)) == "reached mae_curve<=0.01"
+    acc = train.StopRule(dict(stop_at="accuracy>=0.999", patience=0), tasks.make_task("recall"))
+    assert acc(dict(kl=1.0, accuracy=0.9995, accuracy_se=0.0004)) is None  # 99.95% - 2 x 0.04% < 99.9%
+    assert acc(dict(kl=1.0, accuracy=1.0, accuracy_se=0.0)) == "reached accuracy>=0.999"
+
+
+@pytest.mark.parametrize("preset", ["quick", "tiny"])
+def test_one_stop_rule_a_task_the_same_for_every_model(preset):
+    """The quick table compares like with like: a task's cells share its target, plateau rule, cap and checks;
+    a model's entry changes how it trains, never when it stops (presets.STOP_RULE)."""
+    for task, entry in presets.PRESETS[preset].items():
+        assert entry["train"].get("patience") == 4, task
+        assert entry["train"].get("stop_at") or task == "any task", task
+        for model, opts in entry.items():
+            if isinstance(opts, dict) and "train" in opts and model not in ("train", "task"):
+                assert not set(opts["train"]) & set(presets.STOP_RULE), (task, model, opts["train"])
+        rules = {tuple(settings.entries(task if task != "any task" else "hop", m, preset)[0][k]
+                       for k in presets.STOP_RULE) for m in presets.MODELS}
+        assert len(rules) == 1, (task, rules)
 
 
 @pytest.mark.parametrize("argv, expect", [
-    (["--task", "nope"], "invalid choice: 'nope' (choose from 'bijection', 'hmm', 'regression', 'recall', 'hop')"),
+    (["--task", "nope"], "--task unknown task 'nope'; valid tasks: bijection, hmm, regression, recall, hop, or PATH.py:Class"),
     (["--model", "rnn"], "--model rnn: not a model; give one of transformer, mamba, lstm, mlp, linear_attn, "
                          "PATH.py:Class or module:Class"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
@@ -298,9 +352,9 @@ def test_a_plateau_ends_a_run_and_a_target_cell_never_stops_on_one():
     (["--task", "bijection", "--optimizer", "sgd"], "invalid choice: 'sgd' (choose from 'adamw', 'muon')"),
     (["--task", "hmm", "--n_pos", "-1"], "n_pos must be >= 0, got -1"),
     (["--task", "hmm", "--window", "-16"], "window must be >= 0, got -16"),
-    (["--lr", "-1e-3"], "--lr must be > 0, got -0.001"),
+    (["--lr", "-1e-3"], "--lr must be in (0, 1000], got -0.001"),
     (["--lr", "nan"], "--lr must be a finite number, got nan"),
-    (["--lr", "0"], "--lr must be > 0"),
+    (["--lr", "0"], "--lr must be in (0, 1000]"),
     (["--beta1", "1.5"], "--beta1 must be in [0, 1), got 1.5"),
     (["--beta2", "-0.1"], "--beta2 must be in [0, 1)"),
     (["--min_lr_ratio", "-2", "--warmup_iters", "0"], "--min_lr_ratio must be in [0, 1], got -2.0"),
@@ -332,7 +386,7 @@ def test_help_opens_with_train_pys_own_description_and_the_runs_values(capsys):
     first = " ".join(train.__doc__.strip().split("\n\n")[0].split())
     assert text.startswith("usage: train.py") and text.split(" options: ")[0].endswith(first)
     assert "Settings: the training defaults" not in text  # presets.py's own docstring
-    assert "training steps (default 300)" in text and "(default out/recall_transformer)" in text  # recall, quick
+    assert "training steps (default 1500)" in text and "(default out/recall_transformer)" in text  # recall, quick
     assert "(default )" not in text and "N stored key-value pairs (default 8)" in text
 
 
@@ -349,14 +403,14 @@ def test_every_flag_shows_the_value_the_run_takes(monkeypatch, preset):
     shown = lambda v: "none" if v in ("", []) else str(v)
     for name, (Config, _) in presets.MODELS.items():
         monkeypatch.setitem(presets.MODELS, name, (Config, NoModel))
-    for task in presets.PRESETS[preset]:  # the authors': bijection only
+    for task in [t for t in presets.PRESETS[preset] if t != "any task"]:  # the authors': bijection only
         for model in presets.MODELS:
-            _, _, parser = presets.parse_args(["--task", task, "--model", model, "--preset", preset])
+            _, _, parser = settings.parse_args(["--task", task, "--model", model, "--preset", preset])
             helps = {a.dest: re.search(r"\(default (.*)\)$", a.help).group(1) for a in parser._actions
-                     if a.dest not in ("help", "task", "model", "preset")}
-            cfg = presets.build_config(task, model, preset, {})
-            t, _, _, _, model_config = train.build(cfg, torch.device("cpu"))  # the config it makes for the model
-            took = {k: getattr(t, k) for k in helps if hasattr(t, k)} | model_config | cfg["train"]
+                     if a.dest not in ("help", "task", "model", "preset", "preset_model", "dry_run")}
+            run = settings.run_of(task, model, preset, {})
+            t = run.tasks["default"]  # and the config it makes for the model
+            took = {k: getattr(t, k) for k in helps if hasattr(t, k)} | run.model_config | run.train
             took["lr_decay_iters"] = 0 if took["lr_decay_iters"] == took["max_iters"] else took["lr_decay_iters"]
             if helps["curriculum_iters"] == "0":  # 0 = half of --max_iters, fixed when the run starts
                 assert took["curriculum_iters"] == took["max_iters"] // 2
@@ -364,9 +418,9 @@ def test_every_flag_shows_the_value_the_run_takes(monkeypatch, preset):
             assert helps == {k: shown(took[k]) for k in helps}, (task, model)
     if "recall" not in presets.PRESETS[preset]:
         return
-    _, _, parser = presets.parse_args(["--preset", preset])  # recall: quick's transformer runs 300 steps, not 2,000
+    _, _, parser = settings.parse_args(["--preset", preset])  # recall: the preset's 1,500 steps, not 2,000
     steps = next(a.help for a in parser._actions if a.dest == "max_iters")
-    took = presets.build_config("recall", "transformer", preset, {})["train"]["max_iters"]
+    took = settings.run_of("recall", "transformer", preset, {}).train["max_iters"]
     assert steps.endswith(f"(default {took})")
 
 
@@ -443,28 +497,26 @@ def test_train_all_queries_trains_on_every_key_and_evaluates_the_task(tmp_path):
             "--filler", "2", "--n_layer", "1", "--n_head", "2", "--d_model", "16", "--pos", "learned",
             "--batch_size", "8", "--max_iters", "2", "--log_interval", "1", "--eval_samples", "20",
             "--eval_samples_during", "20", "--train_all_queries", "--out_dir", str(tmp_path)]
-    cfg = presets.build_config("recall", "transformer", "quick", presets.parse_args(argv)[1])
-    task, evals, model, _, mc = train.build(cfg, torch.device("cpu"))
+    run = settings.run_of("recall", "transformer", "quick", settings.parse_args(argv)[1])
+    task, mc = run.tasks["default"], run.model_config
     every = task.all_queries()
     assert mc["block_size"] == every.seq_len > task.seq_len  # the learned table covers the longer training sequences
-    batches = train.Batches(task, cfg["train"], torch.device("cpu"), 0, 1)
+    batches = train.Batches(run, torch.device("cpu"), 0, 1)
     batch, stage = batches.get(0)
-    assert stage == every and batch.mask.sum(1).eq(6).all() and evals["default"] == task
+    assert stage == every and batch.mask.sum(1).eq(6).all()
     assert run_main(argv) == 0
     r = json.loads((tmp_path / "results.json").read_text())
     assert r["task_options"]["n_queries"] == 2 and r["config"]["train"]["train_all_queries"]
     with pytest.raises(ValueError, match="--train_all_queries is an option of --task recall"):
-        train.build(presets.build_config("hmm", "transformer", "quick", dict(train_all_queries=True)),
-                    torch.device("cpu"))
+        settings.run_of("hmm", "transformer", "quick", dict(train_all_queries=True))
 
 
 def test_train_all_queries_curriculum_may_start_below_the_evaluations_queries():
     # every stage queries all its pairs, so a store of 2 is a valid first stage though the task asks 3 queries
-    cfg = presets.build_config("recall", "transformer", "quick", dict(
-        n_pairs=6, n_queries=3, key_vocab=8, value_vocab=8, filler=2, curriculum="n_pairs=2", max_iters=10,
-        batch_size=4, train_all_queries=True))
-    task = tasks.make_task("recall", **cfg["task_opts"])
-    batches = train.Batches(task, cfg["train"], torch.device("cpu"), 0, 1)
+    opts = dict(n_pairs=6, n_queries=3, key_vocab=8, value_vocab=8, filler=2)
+    run = settings.run_of("recall", "transformer", "quick", opts | dict(
+        curriculum="n_pairs=2", max_iters=10, batch_size=4, train_all_queries=True))
+    batches = train.Batches(run, torch.device("cpu"), 0, 1)
     (first, s0), (last, s9) = batches.get(0), batches.get(9)
     assert (s0.n_pairs, s0.n_queries, s9.n_pairs, s9.n_queries) == (2, 2, 6, 6)
     assert first.mask.sum(1).eq(2).all() and last.mask.sum(1).eq(6).all()
@@ -472,19 +524,19 @@ def test_train_all_queries_curriculum_may_start_below_the_evaluations_queries():
     lengths = [batches.stage(it).seq_len for it in range(10)]
     assert batches.steps_left(0, 10) == pytest.approx(sum(lengths) / lengths[0]) and batches.steps_left(0, 10) > 10
     assert batches.steps_left(9, 10) == 1 and batches.steps_left(10, 10) == 0
-    flat = train.Batches(task, dict(cfg["train"], curriculum=""), torch.device("cpu"), 0, 1)
+    flat = train.Batches(settings.run_of("recall", "transformer", "quick", opts | dict(max_iters=10)),
+                         torch.device("cpu"), 0, 1)
     assert flat.steps_left(3, 10) == 7
     with pytest.raises(ValueError, match="refuses its first stage"):  # without the option the stage is refused
-        train.parse_curriculum("n_pairs=2", task, cfg["train"])
+        settings.run_of("recall", "transformer", "quick", opts | dict(curriculum="n_pairs=2", max_iters=10))
 
 
 def test_resume_with_more_steps_keeps_the_curriculum_schedule():
     opts = dict(curriculum="n_pairs=3", n_queries=2, max_iters=20)
-    cfg = presets.build_config("recall", "transformer", "quick", opts)
-    assert cfg["train"]["curriculum_iters"] == 10  # half of --max_iters, fixed at the start
-    task = tasks.make_task("recall", **cfg["task_opts"])
-    before = train.parse_curriculum("n_pairs=3", task, cfg["train"])
-    after = train.parse_curriculum("n_pairs=3", task, cfg["train"] | dict(max_iters=40))  # --resume --max_iters 40
+    run = settings.run_of("recall", "transformer", "quick", opts)
+    assert run.train["curriculum_iters"] == 10  # half of --max_iters, fixed at the start
+    task, before = run.tasks["default"], run.curriculum
+    after = settings.Curriculum("recall", run.task_opts, run.train | dict(max_iters=40), task)  # --resume to 40
     assert [after(it).n_pairs for it in range(20)] == [before(it).n_pairs for it in range(20)]
     assert after(10) == task and before(0).n_pairs == 3
 
@@ -492,8 +544,8 @@ def test_resume_with_more_steps_keeps_the_curriculum_schedule():
 def test_every_curriculum_stage_is_checked_before_training_and_a_presets_is_named(capsys):
     from dataclasses import dataclass
 
-    @dataclass(frozen=True)
-    class Picky:  # refuses one stage in the middle
+    @dataclass
+    class Picky(tasks.Task):  # refuses one stage in the middle
         name = "picky"
         n: int = 6
 
@@ -501,8 +553,12 @@ def test_every_curriculum_stage_is_checked_before_training_and_a_presets_is_name
             if self.n == 4:
                 raise ValueError("picky: n=4 is not allowed")
 
+    def picky(spec, **opts):
+        return Picky(**opts)
     with pytest.raises(ValueError, match=r"--curriculum 'n=2': the task refuses the stage n=4: picky: n=4"):
-        train.parse_curriculum("n=2", Picky(), dict(curriculum_iters=10, max_iters=20))
+        with mock.patch.object(settings, "make_task", picky):
+            settings.Curriculum("picky", {}, CURRICULUM | dict(curriculum="n=2", curriculum_iters=10, max_iters=20),
+                                Picky())
     assert run_main(["--task", "recall", "--preset", "cpu_paper_task", "--n_pairs", "4", "--n_queries", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--curriculum is the cpu_paper_task preset's" in err, err
@@ -519,8 +575,8 @@ def test_the_hmm_presets_give_every_header_token_its_own_row_at_any_size(S, O):
     5 x 5); the window keeps exactly the header and the last 16 positions in view of the last query."""
     from transformer import attn_bias
     for model in ("transformer", "mamba"):
-        cfg = presets.build_config("hmm", model, "quick", dict(n_states=S, n_obs=O, n_layer=1, d_model=16))
-        task, _, net, _, mc = train.build(cfg, torch.device("cpu"))
+        run = settings.run_of("hmm", model, "quick", dict(n_states=S, n_obs=O, n_layer=1, d_model=16))
+        (net, _), task, mc = train.build(run, torch.device("cpu")), run.tasks["default"], run.model_config
         assert task.header_len == 3 + S * S + S * O and mc["n_pos"] == task.header_len + 1
         assert net.wpe.num_embeddings == task.header_len + 1 and ((S, O) != (5, 5) or mc["n_pos"] == 54)
         if model == "transformer":
@@ -531,9 +587,9 @@ def test_the_hmm_presets_give_every_header_token_its_own_row_at_any_size(S, O):
 @pytest.mark.parametrize("model", ["transformer", "mlp", "lstm"])
 def test_evaluation_splits_only_the_forward_pass_and_every_figure_stays(model):
     # the held-out sequences are drawn 250 at a time whatever the split: the metrics are the same, bit for bit
-    cfg = presets.build_config("hmm", model, "quick", dict(K=4, n_states=3, n_obs=3, n_layer=1, d_model=32, n_head=2))
+    run = settings.run_of("hmm", model, "quick", dict(K=4, n_states=3, n_obs=3, n_layer=1, d_model=32, n_head=2))
     torch.manual_seed(0)
-    task, _, net, _, _ = train.build(cfg, torch.device("cpu"))
+    (net, _), task = train.build(run, torch.device("cpu")), run.tasks["default"]
     sizes, forward = [], net.forward
     net.forward = lambda x: sizes.append(len(x)) or forward(x)
     ev = lambda per_pass: train.evaluate(net, task, 300, 7, torch.device("cpu"), torch.autocast("cpu", enabled=False),
@@ -557,28 +613,29 @@ def test_eval_batch_size_changes_no_figure_of_a_run(tmp_path):
         assert close(x, y), (x, y)
 
 
-def close(x, y):
-    """x == y, floats to 1e-9 relative, through dicts and lists."""
+def close(x, y, rel=1e-9):
+    """x == y, floats to 1e-9 relative (a standard error, a spread that magnifies its terms' rounding, to 1e-6),
+    through dicts and lists."""
     if isinstance(x, dict):
-        return x.keys() == y.keys() and all(close(x[k], y[k]) for k in x)
+        return x.keys() == y.keys() and all(close(x[k], y[k], 1e-6 if k.endswith("_se") else rel) for k in x)
     if isinstance(x, list):
-        return len(x) == len(y) and all(close(u, v) for u, v in zip(x, y))
-    return x == pytest.approx(y, rel=1e-9, abs=1e-12) if isinstance(x, float) else x == y
+        return len(x) == len(y) and all(close(u, v, rel) for u, v in zip(x, y))
+    return x == pytest.approx(y, rel=rel, abs=1e-12) if isinstance(x, float) else x == y
 
 
 
 
 def test_the_authors_preset_builds_their_recipe_and_model():
     """--preset authors: every setting of jlens train_dense_checkpoints.py and its SepVocabTinyGPT."""
-    cfg = presets.build_config("bijection", "transformer", "authors", {})
-    t = cfg["train"]
+    run = settings.run_of("bijection", "transformer", "authors", {})
+    t = run.train
     assert (t["optimizer"], t["lr"], t["beta1"], t["beta2"], t["weight_decay"], t["weight_decay_on"]) == \
         ("adamw", 3e-4, 0.9, 0.999, 0.1, "all")
     assert (t["warmup_iters"], t["max_iters"], t["lr_decay_iters"], t["min_lr_ratio"], t["lr_schedule"]) == \
         (2000, 50_000, 50_000, 0.0, "authors")
     assert (t["batch_size"], t["seed"], t["grad_clip"], t["dtype"], t["ckpt_schedule"]) == (256, 42, 1.0, "float32", "dense")
     torch.manual_seed(t["seed"])
-    task, _, model, opt, _ = train.build(cfg, torch.device("cpu"))
+    (model, opt), task = train.build(run, torch.device("cpu")), run.tasks["default"]
     assert (task.V, task.L, task.vocab_size, task.seq_len) == (20, 19, 40, 37)
     assert model.num_params() == 2_677_440  # theirs, with a position table of 2L = 38 rows
     assert model.wpe.num_embeddings == 38 and isinstance(model.ln_f, torch.nn.RMSNorm)
