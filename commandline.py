@@ -131,6 +131,11 @@ def load_module(where):
     return module
 
 
+def in_file(e, path):
+    """Whether an exception passed through the code of the file at path (a user's model or task)."""
+    return any(os.path.abspath(f.filename) == os.path.abspath(path) for f in traceback.extract_tb(e.__traceback__))
+
+
 def raised(e, inside=None):
     """`Type: message at FILE:LINE` of an exception from a user's code: the deepest frame in `inside` (a file)
     where given, else the deepest (a syntax error: its own file and line)."""
@@ -148,7 +153,7 @@ def raised(e, inside=None):
 
 def is_oom(e):
     """Out of memory: Python's, or torch's (CUDA's OutOfMemoryError, the CPU allocator's RuntimeError)."""
-    return isinstance(e, MemoryError) or \
+    return isinstance(e, MemoryError) or any(c.__name__ == "OutOfMemoryError" for c in type(e).__mro__) or \
         isinstance(e, RuntimeError) and re.search(r"out of memory|can't allocate memory", str(e)) is not None
 
 

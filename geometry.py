@@ -31,7 +31,8 @@ ablate forward(x, skip_layers=...) and n_layer. One that does not apply, or a mi
 
 Where they are: keys, qk, ablate and dynamics (the attention side) in geometry_attention.py; values, clusters
 and belief here, with the command line and `seeds`; their float64 statistics and figures in geometry_stats.py; a
-checkpoint as a float64 model in checkpoints.py. A diagnostic returns (numbers for the JSON, a function drawing the figure);
+checkpoint as a float64 model in settings.py. A diagnostic returns (numbers for the JSON, a function drawing the
+figure);
 its FIGURES function picks the claims table's figures, which main writes into the JSON and seeds reads.
 """
 from functools import partial
@@ -342,7 +343,8 @@ def seeds(argv):
         figures, missing = claims(runs, found, CLAIMS)
     except ValueError as e:
         p.exit(2, f"geometry.py seeds: error: {e}\n")
-    write_json(os.path.join(args.out, "geometry_seeds.json"), to_json(dict(runs=runs, figures=figures, missing=missing)))
+    write_json(os.path.join(args.out, "geometry_seeds.json"),
+               to_json(dict(runs=runs, figures=figures, missing=missing)))
     f = lambda x: "[" + ", ".join(f(v) for v in x) + "]" if isinstance(x, list) else f"{x:.4g}"
     print(f"| figure | mean | min | max | {' | '.join(str(r['seed']) for r in runs)} |")
     print("|---" * (4 + len(runs)) + "|")
@@ -411,7 +413,7 @@ def why_not(name, cfg, path, model, mc, task):
         return why
     if name in ("keys", "qk") and spec not in KEY_TASKS and task.answer_offset is None:
         return f"{name} needs a task with hypothesis tokens (its answers are tokens: answer_offset), not {spec!r}"
-    if name == "trajectory" and (task != "bijection" or cfg["task_opts"].get("layout", "separate") != "separate"):
+    if name == "trajectory" and (spec != "bijection" or cfg["task_opts"].get("layout", "separate") != "separate"):
         return "trajectory needs a bijection run in the authors' separate layout, their dense run's task"
     if name in ("dynamics", "trajectory") and not glob.glob(os.path.join(path, "ckpt_*.pt")):
         return f"{name} needs snapshot checkpoints ckpt_*.pt in {path} (train with --ckpt_schedule log or dense)"
@@ -455,7 +457,8 @@ def main(argv=None):
     p.add_argument("--K", type=int, default=None,
                    help="hmm: observations per sequence (default: the run's; the authors' five-cluster figure: 15)")
     p.add_argument("--n_perm", type=int, default=200, help="clusters: label permutations in the silhouette's null")
-    p.add_argument("--frame_seqs", type=int, default=0, help="dynamics, trajectory: sequences of the authors' batch for "
+    p.add_argument("--frame_seqs", type=int, default=0,
+                   help="dynamics, trajectory: sequences of the authors' batch for "
                    "their frame ratio at every checkpoint (0: off; theirs: 256, ~15 minutes a paper-size checkpoint on "
                    "a 2-core CPU)")
     p.add_argument("--no_plot", action="store_true", help="write the JSON only")

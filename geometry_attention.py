@@ -419,7 +419,8 @@ def dynamics_draw(rows, att, plt):
     col = lambda k, l=None: [nan if r.get(k) is None else r[k] if l is None else r[k][l] for r in rows]
     n_layer = len(rows[0]["att_similarity"])
     panels = {"entropy MAE (bits) by step": {"per token": col("mae_token"), "mean-curve": col("mae_curve")},
-              "attention similarity to final (1 - JS)": {f"layer {l}": col("att_similarity", l) for l in range(n_layer)},
+              "attention similarity to final (1 - JS)": {f"layer {l}": col("att_similarity", l)
+                                                         for l in range(n_layer)},
               "layer-0 keys: mean |cos| per head (jlens)": {"mean": [sum(k) / len(k) for k in col("keys_jlens")],
                                                              "min": [min(k) for k in col("keys_jlens")],
                                                              "max": [max(k) for k in col("keys_jlens")]},

@@ -124,7 +124,7 @@ def regression_posterior(task, x):
 def recall_posterior(task, x):
     """A point mass on the value stored with the key at each position after the store (`STORE k SEP v` x N);
     a key the store does not hold (in no sequence the task draws) is uniform."""
-    N, C, start = task.n_pairs, task.n_classes, 4 * task.n_pairs
+    C, start = task.n_classes, 4 * task.n_pairs
     keys, vals = x[:, 1:start:4], (x[:, 3:start:4] - task.answer_offset).clamp(0, C - 1)  # (B, N)
     match = (x[:, start:, None] == keys[:, None, :]).double()  # (B, T - 4N, N): the stored pair each position names
     found = match.sum(-1, keepdim=True) > 0
@@ -303,7 +303,7 @@ def contract(task, batch, post):
     if not (torch.is_tensor(y) and y.shape[:2] == (B, T) and (y.dim() == 2)):
         raise Broken(f"{task.name}: outcome(batch) (batch.y unless the task defines it) is (B, T), the realised value "
                      f"of what is scored; got {getattr(y, 'shape', type(y).__name__)}"
-                     + (" (a task trained on distributions defines outcome)" if getattr(task, "soft_targets", 0) else ""))
+                     + (" (a task trained on distributions defines outcome)" * bool(task.soft_targets)))
     if task.gaussian:
         ok = isinstance(post, tuple) and len(post) == 2 and all(torch.is_tensor(p) and p.shape == (B, T) for p in post)
         if not ok or any(p.dtype != torch.float64 for p in post):
@@ -474,7 +474,8 @@ def check(task, n_seq=0, seed=0, pairs=64, say=print, n_max=100_000, chunk=2000)
     row(f"(ii) calibration, {BINS} bins", f"worst {what} in {k / BINS:.1f}-{(k + 1) / BINS:.1f}: {m[k]:+.4f} "
         f"a sequence", z[k], bonferroni(BINS))
     z, n_cells, cell = cells.worst()
-    lag = "" if cell is None or not task.vocab_size else f", worst at lag {cell // (task.vocab_size * (2 if task.gaussian else task.n_classes))}"
+    per_lag = task.vocab_size * (2 if task.gaussian else task.n_classes)  # a lag's cells (Cells.add)
+    lag = f", worst at lag {cell // per_lag}" if cell is not None and task.vocab_size else ""
     row("(ii') calibration given inputs", f"{n_cells:,} cells{lag}", z, bonferroni(n_cells))
     if task.gaussian:
         for name, key in (("(iii) mean of z", "z_mean"), ("(iii) variance of z - 1", "z_var")):
@@ -483,7 +484,7 @@ def check(task, n_seq=0, seed=0, pairs=64, say=print, n_max=100_000, chunk=2000)
     batch = task.sample(2 * pairs, g)
     worst, where = causality(task, batch)
     row("(iv) causality", f"{pairs} pairs spliced at each of {batch.x.shape[1] - 1} positions: largest change "
-        f"before a splice {worst:.2g}" + (f" (position {where[0]} reads position {where[1]} or later)" if where else ""),
+        f"before a splice {worst:.2g}" + (f" (position {where[0]} reads position {where[1]} or later)" * bool(where)),
         ok=where is None)
     power = f"(i) finds a gap of {GAP_BITS} bits a position with probability {POWER}" if not n_seq else \
         "sequences set by --n_seq"

@@ -231,9 +231,12 @@ TINY_TASK = dict(bijection=dict(V=6), hmm=dict(K=4, n_states=3, n_obs=3), regres
 
 def shrunk(quick, train, task):
     """A quick task entry at tiny sizes: its training settings and task options overridden, each model's options
-    at SIZES (those its config has); a model's own training settings (its optimizer) kept."""
-    small = lambda name, opts: opts | {k: v for k, v in SIZES.items()
-                                       if k in {f.name for f in fields(MODELS["mlp" if name == "mlp_pos" else name][0])}}
+    at SIZES (those its config has); a model's own training settings kept but --match_params (toy widths cannot
+    land within 2% of a count)."""
+    def small(name, opts):
+        names = {f.name for f in fields(MODELS["mlp" if name == "mlp_pos" else name][0])}
+        own = {k: v for k, v in opts.get("train", {}).items() if k != "match_params"}
+        return opts | {k: v for k, v in SIZES.items() if k in names} | ({"train": own} if "train" in opts else {})
     return dict(quick, train=quick["train"] | train, task=quick.get("task", {}) | task, **{"any model": SIZES},
                 **{m: small(m, opts) for m, opts in quick.items() if m not in ("train", "task")})
 

@@ -159,13 +159,17 @@ def visible_gpus(n_gpus):
     return inherited[:n_gpus] if len(inherited) >= n_gpus else [str(i) for i in range(n_gpus)]
 
 
+def cell_name(label):  # (task, model) -> "hmm x mamba", a file's task and model by their names
+    return f"{settings.task_name(label[0])} x {presets.model_name(label[1])}"
+
+
 def claim(label, log):
     """The lock of the cell's folder, taken before its log is written to (train.py, started by this process, takes
     it over), or None, said in one line, where another run holds the folder: that run's log is left alone."""
     try:
         return checkpoints.lock_out_dir(os.path.dirname(log))
     except ValueError as e:
-        print(f"{label[0]} x {label[1]}: not run: {e}", flush=True)
+        print(f"{cell_name(label)}: not run: {e}", flush=True)
         return None
 
 
@@ -181,7 +185,7 @@ def run_cells(todo, jobs, n_gpus):
             if lock is None:
                 yield label, None, 0.0
                 continue
-            print(f"{label[0]} x {label[1]}: running, log {log}", flush=True)
+            print(f"{cell_name(label)}: running, log {log}", flush=True)
             note_command(log, argv)
             t0 = time.time()
             try:
@@ -212,7 +216,7 @@ def run_cells(todo, jobs, n_gpus):
                     p = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *argv],
                                          stdout=f, stderr=subprocess.STDOUT, env=env)
                     running[slot] = (label, p, f, time.time())
-                    print(f"{label[0]} x {label[1]}: started{where}, log {log}", flush=True)
+                    print(f"{cell_name(label)}: started{where}, log {log}", flush=True)
             time.sleep(0.2)
             for slot, (label, p, f, t0) in list(running.items()):
                 if p.poll() is not None:
@@ -419,7 +423,7 @@ def run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus):
         where = (f"{n_gpus} x {torch.cuda.get_device_name(0)}" if n_gpus else describe(machine(threads(jobs))))
         meta = dict(command=" ".join(["python reproduce.py", *sys.argv[1:]]) if sys.argv[0].endswith("reproduce.py")
                     else "reproduce.main", started=time.strftime("%Y-%m-%d %H:%M %Z"), machine=where, jobs=jobs,
-                    cells=[f"{t}_{presets.model_name(m)}" for (t, m), _, _ in todo])
+                    cells=[f"{settings.task_name(t)}_{presets.model_name(m)}" for (t, m), _, _ in todo])
         checkpoints.write_json(os.path.join(out_root, "sweep.json"), meta)
     if not args.table_only:
         print(f"{n_cells} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run, "
@@ -431,19 +435,19 @@ def run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus):
     cells_run = run_cells(todo, jobs, n_gpus)
     try:
         for i, ((task, model), rc, secs) in enumerate(cells_run, 1):
-            out_dir = cell_dir(out_root, task, model)
+            out_dir, label = cell_dir(out_root, task, model), cell_name((task, model))
             r = load_results(out_dir)
             if rc == 0 and r is not None:
                 status[(task, model)] = "finished"
                 m = r["metrics"]["default"]
-                print(f"[{i}/{len(todo)}] {task} x {model}: done in {runtime.fmt_time(secs)} | {train.summary(m)}")
+                print(f"[{i}/{len(todo)}] {label}: done in {runtime.fmt_time(secs)} | {train.summary(m)}")
             elif rc is None:  # its folder is another run's (said when it was to start)
                 status[(task, model)] = "failed: its folder is in use by another run"
-                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED: its folder is in use by another run")
+                print(f"[{i}/{len(todo)}] {label}: FAILED: its folder is in use by another run")
             else:
                 status[(task, model)] = f"failed (exit {rc}), see train.log"
                 log = os.path.join(out_dir, "train.log")
-                print(f"[{i}/{len(todo)}] {task} x {model}: FAILED (exit {rc}): {log_error(log)}; see {log}",
+                print(f"[{i}/{len(todo)}] {label}: FAILED (exit {rc}): {log_error(log)}; see {log}",
                       file=sys.stderr)
     finally:
         cells_run.close()  # an interrupt stops the running cells and waits for them

@@ -170,8 +170,8 @@ def lengths(spec, task_opts, train):
     return tasks, layout, max(t.seq_len for t in [*tasks.values(), layout])
 
 
-def task_name(spec):  # in folders and tables: a file's task by its name
-    return task_class(spec).name
+def task_name(spec):  # in folders and tables: a file's task by its name, a built-in's is its name
+    return task_class(spec).name if is_spec(spec) else spec
 
 # -----------------------------------------------------------------------------
 # a resumed run: its checkpoint's settings
@@ -200,7 +200,8 @@ def resumed(state, known, given, out_dir):
     cfg["train"]["out_dir"] = out_dir
     if given.get("resume") and cfg["train"]["max_iters"] < state["iter"]:  # nothing to train: it would only evaluate
         raise ValueError(f"--max_iters {cfg['train']['max_iters']}: the checkpoint in {out_dir} is at step "
-                         f"{state['iter']} already; pass a larger --max_iters to train on, or --eval_only to evaluate it")
+                         f"{state['iter']} already; pass a larger --max_iters to train on, or --eval_only to "
+                         f"evaluate it")
     return settle(cfg, "the checkpoint's", saved=state["model_config"])
 
 
@@ -219,7 +220,8 @@ def start(known, given):
 
 def check_train(train):
     """Settings that would crash deep inside torch, or train silently on nonsense (a negative rate), are refused."""
-    rules = dict(max_iters=(lambda x: x >= 0, ">= 0"), lr=(lambda x: 0 < x <= 1e3, "in (0, 1000]"),
+    rules = dict(max_iters=(lambda x: x >= 0, ">= 0"),
+                 lr=(lambda x: 0 < x <= 1e30, "in (0, 1e30] (beyond, AdamW's step leaves float32)"),
                  min_lr_ratio=(lambda x: 0 <= x <= 1, "in [0, 1]"), weight_decay=(lambda x: x >= 0, ">= 0"),
                  beta1=(lambda x: 0 <= x < 1, "in [0, 1)"), beta2=(lambda x: 0 <= x < 1, "in [0, 1)"),
                  grad_clip=(lambda x: x >= 0, ">= 0 (0 = off)"), warmup_iters=(lambda x: x >= 0, ">= 0"),
@@ -301,7 +303,8 @@ class Curriculum:
         """The task of training step it: after the hold, end - start + 1 stages of equal length."""
         if self.start is None or it >= self.iters:
             return self.layout
-        return self.stages[self.start + (self.end - self.start + 1) * max(it - self.hold, 0) // (self.iters - self.hold)]
+        grown = (self.end - self.start + 1) * max(it - self.hold, 0) // (self.iters - self.hold)
+        return self.stages[self.start + grown]
 
     def tokens(self, a, b):
         """The tokens a sequence holds summed over steps a..b - 1 (the ETA's unit), at each stage's length: in
@@ -338,7 +341,8 @@ def parse_args(argv, doc=""):
     pre.add_argument("--model", help=f"{' | '.join(MODELS)} | PATH.py:Class | module:Class (default transformer)")
     pre.add_argument("--preset", choices=list(PRESETS), help="(default quick)")
     pre.add_argument("--preset_model", choices=list(MODELS), help="take this built-in model's preset entries (a "
-                     "model from a file whose class has a built-in's name takes that one's; else its config's defaults)")
+                     "model from a file whose class has a built-in's name takes that one's; else its config's "
+                     "defaults)")
     pre.add_argument("--dry_run", action="store_true", help="print the whole resolved run (every setting, the model's "
                      "config, its parameters) and exit")
     known, _ = pre.parse_known_args(argv)

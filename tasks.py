@@ -231,8 +231,9 @@ class Bijection(Task):
 
     def drew(self, x):
         """Its length and vocabulary, and keys and values where its layout has them (two layouts can share both)."""
-        return super().drew(x) and bool((x[:, 0:2 * self.L:2] < self.V).all()) and \
-            bool(((x[:, 1:2 * self.L:2] >= self.answer_offset) & (x[:, 1:2 * self.L:2] < self.answer_offset + self.V)).all())
+        values = x[:, 1:2 * self.L:2] - self.answer_offset
+        keys = x[:, 0:2 * self.L:2]
+        return super().drew(x) and bool((keys < self.V).all() and ((0 <= values) & (values < self.V)).all())
 
 
 # -----------------------------------------------------------------------------
@@ -570,11 +571,12 @@ def task_class(spec):
     if not is_spec(spec):
         raise ValueError(f"unknown task {spec!r}; valid tasks: {', '.join(TASKS)}, or PATH.py:Class or module:Class")
     cls = load_class(spec, "task")
+    name = getattr(cls, "name", None)
     for ok, what in ((issubclass(cls, Task), f"{cls.__name__} is not a subclass of tasks.Task"),
                      (is_dataclass(cls), f"{cls.__name__} is not a @dataclass (its fields are its options)"),
-                     (isinstance(cls.name, str) and cls.name.isidentifier(), f"{cls.__name__} has no name (a class "
-                      f"attribute, e.g. name = \"dice\": its runs' folders and tables use it)"),
-                     (cls.name not in TASKS, f"its name {cls.name!r} is a built-in task's: give it one of its own")):
+                     (isinstance(name, str) and name.isidentifier(), f"{cls.__name__} has no name (a class attribute, "
+                      f"e.g. name = \"dice\": its runs' folders and tables use it)"),
+                     (name not in TASKS, f"its name {name!r} is a built-in task's: name it otherwise")):
         if not ok:
             raise ValueError(f"{spec}: {what}")
     return cls

@@ -25,8 +25,8 @@ if __name__ == "__main__":
 import torch
 
 from checkpoints import checkpoint, code_version, print0, resume, write_json
-from commandline import cli, is_oom, is_spec, raised
-from oracles import Metrics, batch_mae
+from commandline import cli, in_file, is_oom, is_spec, raised
+from oracles import Broken, Metrics, batch_mae, check, failed
 from runtime import (CompiledOrEager, Optimizers, autocast, check_run_memory, data_parallel, data_source, fmt_time,
                      global_mean, guarded, native_bf16, oom_hint, prepare_out_dir, say_eta)
 from settings import during_seed, parse_args, start
@@ -358,6 +358,8 @@ def update(fwd, model, task, opt, batch, ctx, grad_clip, spec=""):
         if "does not require grad" in str(e):
             raise ValueError(f"--model {spec}: its output has no gradient (detached, not a float, or no parameters "
                              f"before it): nothing would train") from None
+        if not in_file(e, spec.rpartition(":")[0]):  # ours (the output's shape refused): its own line
+            raise
         raise ValueError(f"--model {spec}: its forward raised {raised(e, spec.rpartition(':')[0])}") from None
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -389,8 +391,25 @@ def final_eval(run, model, proc, ctx, it, history, wall, stop, eval_only):
     print0(f"wrote {path} | wall time {fmt_time(wall)}{miss}")
 
 
+def check_task(run, n_seq=1000, pairs=8):
+    """A task from a file: its contract and a short form of its posterior's check against its own sampler
+    (oracles.check, n_seq sequences), refused in one line where either fails; the built-ins' pass it (a test)."""
+    if not is_spec(run.task) or os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        why = failed(check(run.tasks["default"], n_seq=n_seq, pairs=pairs, say=lambda line: None))
+    except Broken as e:
+        raise ValueError(f"--task {run.task} breaks the task contract (README, \"Bring your own task\"): {e}") from None
+    if why:
+        raise ValueError(f"--task {run.task}: its posterior fails the check: {why}; `python oracles.py check "
+                         f"{run.task}` runs the whole check")
+    print(f"posterior check of {run.tasks['default'].name} ({n_seq:,} sequences of its sampler, oracles.check): holds")
+
+
 def run_guarded(run, resume_state=None, eval_only=False):
     """train_loop, with Ctrl-C, out of memory and a full disk reported in one line (runtime.guarded)."""
+    if resume_state is None:
+        check_task(run)
     if (note := run.curriculum.note(run.train)) and os.environ.get("RANK", "0") == "0":
         print(note, file=sys.stderr)
     return guarded(lambda proc: train_loop(run, proc, resume_state, eval_only), run.train,

@@ -106,7 +106,7 @@ def test_the_belief_figure(runs):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["belief", "--ckpt", "{recall}"], "recall's is a point mass on the bound value"),
+    (["belief", "--ckpt", "{recall}"], "recall's is a point mass on one answer"),
     (["belief", "--ckpt", "{lstm}", "--n_seq", "3"], "belief needs --n_seq >= 4"),
     (["belief", "--ckpt", "{lstm}/nowhere"], "no checkpoint at"),
 ])

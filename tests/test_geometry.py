@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn as nn
@@ -332,7 +334,7 @@ def runs(tmp_path_factory):
 def test_the_init_baseline_is_the_runs_initialisation(runs, name):
     state = settings.load_checkpoint(os.path.join(runs[name], "ckpt.pt"))
     torch.manual_seed(state["config"]["train"]["seed"])  # as train.run does before train.build
-    _, _, model, _, _ = train.build(state["config"], torch.device("cpu"))
+    model, _ = train.build(settings.resumed(state, SimpleNamespace(explicit={}), {}, runs[name]), torch.device("cpu"))
     fresh = settings.build_model(state, trained=False)
     assert all(torch.equal(a.double(), b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
@@ -480,7 +482,7 @@ def test_without_matplotlib_the_json_still_comes_out(runs, monkeypatch, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["keys", "--ckpt", "{lstm}"], "keys needs a model with softmax attention"),
     (["dynamics", "--ckpt", "{hmm}"], "dynamics needs snapshot checkpoints"),
-    (["clusters", "--ckpt", "{bij}"], "clusters needs an hmm checkpoint"),
+    (["clusters", "--ckpt", "{bij}"], "clusters needs a categorical posterior with a top answer"),
     (["values", "--ckpt", "{bij}/nowhere"], "no checkpoint at"),
     (["value", "--ckpt", "{bij}"], "invalid choice"),
     (["values", "--ckpt", "{bij}", "--K", "3"], "--K applies to hmm checkpoints only"),

@@ -105,15 +105,14 @@ def test_stop_at_refuses_a_bound_that_overflows_to_infinity(capsys):
     one_line(capsys, "--stop_at 'accuracy>=1e400'")
 
 
-def test_a_curriculum_longer_than_the_run_is_said(capsys):
-    cfg = presets.build_config("regression", "transformer", "quick", dict(curriculum_iters=100, max_iters=4))
-    settings.check_train(cfg["train"])  # train.py's, as the run starts
-    err = capsys.readouterr().err
-    assert "note: --curriculum d_active=2 grows d_active until step 100 (--curriculum_iters), past the run's 4" in err
+def test_a_curriculum_longer_than_the_run_is_said():
+    run = settings.run_of("regression", "transformer", "quick", dict(curriculum_iters=100, max_iters=4))
+    note = run.curriculum.note(run.train)  # train.py says it as the run starts
+    assert "note: --curriculum d_active=2 grows d_active until step 100 (--curriculum_iters), past the run's 4" in note
     # meant (a schedule --resume continues), nothing trained, and the preset's own: no note
     for given in (dict(curriculum_iters=100, max_iters=4, lr_decay_iters=100), dict(max_iters=0), {}):
-        settings.check_train(presets.build_config("regression", "transformer", "quick", given)["train"])
-    assert capsys.readouterr().err == ""
+        run = settings.run_of("regression", "transformer", "quick", given)
+        assert run.curriculum.note(run.train) is None
 
 
 def test_train_all_queries_still_grows_n_pairs():
@@ -320,8 +319,9 @@ def test_the_table_skips_a_foreign_results_json(tmp_path):
     cell = tmp_path / "tiny" / "recall_mlp"
     cell.mkdir(parents=True)
     (cell / "results.json").write_text('{"a": 1}')
-    reproduce.main(["--preset", "tiny", "--tasks", "recall", "--models", "mlp", "--out", str(tmp_path), "--table_only"])
-    assert (tmp_path / "tiny" / "table.md").exists()
+    assert reproduce.main(["--preset", "tiny", "--tasks", "recall", "--models", "mlp", "--out", str(tmp_path),
+                           "--table_only"]) == 1  # no finished cell: said, no table of none
+    assert not (tmp_path / "tiny" / "table.md").exists()
 
 
 @pytest.mark.parametrize("argv", [["memory", "--decay", "nan"], ["memory", "--decay", "2"],
@@ -473,11 +473,12 @@ def test_reproduce_does_not_tabulate_another_cells_run(tmp_path, capsys):
     capsys.readouterr()
     assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 2
     one_line(capsys, "bijection_mlp holds a hmm x mlp run")
-    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only"]) == 0  # fewer finished: beside table.md
-    assert "| mlp | holds a hmm x mlp run |" in (tmp_path / "tiny" / "table.new.md").read_text()
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only"]) == 1  # no cell of its own: none tabled
+    assert "holds no finished cell" in capsys.readouterr().err
     cell.write_text("{garbage")
-    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only", "--replace_table"]) == 0
-    assert "| mlp | results.json unreadable or unfinished |" in (tmp_path / "tiny" / "table.md").read_text()
+    assert reproduce.main(CELL + ["--out", str(tmp_path), "--table_only", "--replace_table"]) == 1
+    table = (tmp_path / "tiny" / "table.md").read_text()  # the table of the finished cell, kept
+    assert "| mlp |" in table and "holds a" not in table
 
 
 def test_time_to_target_refuses_another_tasks_run(tmp_path, capsys):

@@ -13,6 +13,7 @@ import torch
 
 import reproduce
 import presets
+import settings
 import time_to_target
 import train
 from cli import exit_code
@@ -68,9 +69,8 @@ def test_the_per_position_mlp_is_its_own_row_beside_the_mlp(tmp_path):
 
 
 def n_params(task, model, preset, opts):
-    cfg = presets.build_config(task, model, preset, opts)
-    with torch.device("meta"):  # shapes only
-        return train.build(cfg, torch.device("meta"))[2].num_params()
+    run = settings.run_of(task, model, preset, opts)
+    return presets.count_params(run.Config, run.Model, run.model_config)  # shapes only
 
 
 @pytest.mark.parametrize("preset", ["quick", "paper"])
@@ -129,7 +129,9 @@ def test_bad_input_is_a_one_line_error_before_anything_runs(tmp_path, capsys, ar
 
 def test_the_table_goes_beside_the_cells_unless_told_to_write_results(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the defaults are relative: out/reproduce
-    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only"]) == 0
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only"]) == 1  # no cell yet
+    assert not (tmp_path / "out" / "reproduce" / "tiny" / "table.md").exists()
+    assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--jobs", "1"]) == 0
     assert (tmp_path / "out" / "reproduce" / "tiny" / "table.md").exists() and not (tmp_path / "results").exists()
     assert run(["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--table_only",
                 "--results", "results"]) == 0
@@ -210,13 +212,14 @@ def test_a_cell_another_run_holds_is_not_run_and_its_log_left_alone(tmp_path, ca
     assert "bijection x mlp: FAILED: its folder is in use by another run" in said and "see" not in said
     assert (held / "train.log").read_text() == "the other run's log\n"
     assert sorted(os.listdir(held)) == [".lock", "train.log"]
-    assert sorted(os.listdir(out / "bijection_lstm")) == ["ckpt.pt", "results.json", "train.log"]  # lock released
+    assert sorted(os.listdir(out / "bijection_lstm")) == ["ckpt.pt", "config.json", "results.json", "train.log"]  # lock released
 
 
 def test_a_full_disk_is_one_line_and_keeps_the_table_written_before(tmp_path, monkeypatch, capsys):
     argv = ["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path / "o"),
-            "--results", str(tmp_path / "r"), "--table_only"]
-    assert run(argv) == 0
+            "--results", str(tmp_path / "r")]
+    assert run(argv + ["--jobs", "1"]) == 0
+    argv.append("--table_only")
     table = (tmp_path / "r" / "table.md").read_text()
 
     def full(src, dst):
@@ -226,8 +229,8 @@ def test_a_full_disk_is_one_line_and_keeps_the_table_written_before(tmp_path, mo
     capsys.readouterr()
     assert run(argv) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{tmp_path / 'r' / 'table.md'}: No space left on device" in err, err
-    assert (tmp_path / "r" / "table.md").read_text() == table and os.listdir(tmp_path / "r") == ["table.md"]
+    assert err.count("\n") == 1 and "No space left on device" in err and str(tmp_path / "r") in err, err
+    assert (tmp_path / "r" / "table.md").read_text() == table and "table.md" in os.listdir(tmp_path / "r")
 
 
 def test_a_cell_stopped_by_its_rule_says_so_in_the_table():
@@ -246,18 +249,23 @@ def ctrl_c_as_in_a_terminal():
 
 
 def test_a_table_of_fewer_finished_cells_goes_beside_the_one_there(tmp_path, capsys):
-    """--table_only over no cells (or a partial sweep) never replaces a table that holds more finished cells."""
+    """A partial sweep never replaces a table that holds more finished cells; --replace_table does, heading it with
+    the sweep it holds and removing the table that stood beside; --table_only over no finished cell says so."""
     res = tmp_path / "r"
     res.mkdir()
     held = ("| model | params |\n|---|---|\n| transformer | 604,928 | 0.0077 |\n| lstm | 608,064 | 0.0103 |\n\n"
             "| model | 1 | 2 |\n|---|---|---|\n| lstm | 0.03 | 0.04 |\n")  # recall's store places: not cells
     (res / "table.md").write_text(held)
     argv = ["--preset", "tiny", "--tasks", "bijection", "--models", "mlp", "--out", str(tmp_path / "o"),
-            "--results", str(res), "--table_only"]
-    assert run(argv) == 0
-    assert (res / "table.md").read_text() == held and "| mlp | not run |" in (res / "table.new.md").read_text()
-    assert "holds 2 finished cells, this table 0: it goes beside it" in capsys.readouterr().out
-    assert run(argv + ["--replace_table"]) == 0 and "| mlp | not run |" in (res / "table.md").read_text()
+            "--results", str(res)]
+    assert run(argv + ["--table_only"]) == 1
+    assert "holds no finished cell" in capsys.readouterr().err and not (res / "table.new.md").exists()
+    assert run(argv + ["--jobs", "1"]) == 0
+    assert (res / "table.md").read_text() == held and "| mlp | " in (res / "table.new.md").read_text()
+    assert "holds 2 finished cells, this table 1: it goes beside it" in capsys.readouterr().out
+    assert run(argv + ["--table_only", "--replace_table"]) == 0
+    table = (res / "table.md").read_text()
+    assert "| mlp | " in table and "**One sweep**: `" in table and not (res / "table.new.md").exists()
 
 
 def test_a_second_sweep_on_one_out_is_refused_before_it_starts_naming_the_first(tmp_path, capsys):
@@ -279,7 +287,7 @@ def test_the_plan_times_each_cell_and_trains_none(tmp_path, capsys):
     out = capsys.readouterr().out
     cells = [line for line in out.splitlines() if "ms/step" in line]
     assert len(cells) == 4 and all("at step 4: <= " in line for line in cells), out
-    assert "stops at accuracy>=0.999 or at step 4" in out and "wall at 2 at a time" in out
+    assert "stops at accuracy>=0.999 or at a plateau (4 x 4 steps) or at step 4" in out and "wall at 2 at a time" in out
     assert not (tmp_path / "o" / "tiny" / "bijection_mlp" / "results.json").exists()
     assert time_to_target.makespan([5, 3, 3, 1], 2) == 6 and time_to_target.makespan([5, 3, 3, 1], 1) == 12
 

@@ -27,7 +27,7 @@ TINY = ["--task", "bijection", "--V", "6", "--n_layer", "1", "--n_head", "2", "-
 MODEL_FILES = ("transformer.py", "mamba.py", "lstm.py", "mlp.py", "linear_attn.py")
 SCRIPTS = ("train.py", "geometry.py", "geometry_attention.py", "conditioning.py", "bench.py", "hardware.py",
            "reproduce.py", "time_to_target.py")
-PLUMBING = ("runtime.py", "checkpoints.py")
+PLUMBING = ("runtime.py", "checkpoints.py", "commandline.py")
 
 
 run_main = partial(exit_code, train.main)
@@ -77,7 +77,7 @@ def test_no_script_takes_its_plumbing_from_train_py(path):
             and n.value.id == "train"} | \
         {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "train" for a in n.names}
     assert not used & plumbing, used & plumbing
-    assert {"pick_device", "CompiledOrEager", "guarded", "load_checkpoint", "write_file", "cli"} <= plumbing
+    assert {"pick_device", "CompiledOrEager", "guarded", "read_checkpoint", "write_file", "cli"} <= plumbing
 
 
 def test_print0_speaks_on_rank_0_only(monkeypatch, capsys):
@@ -134,7 +134,7 @@ def test_a_fresh_run_refuses_an_existing_run_and_overwrite_replaces_it(tmp_path,
     assert {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)} == before  # untouched
     argv = TINY + ["--max_iters", "3", "--eval_interval", "3", "--overwrite", "--out_dir", str(tmp_path)]
     assert run_main(argv) == 0
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]  # the old run's snapshots are gone
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "config.json", "results.json"]  # the old run's snapshots are gone
     assert json.load(open(tmp_path / "results.json"))["iters"] == 3
 
 
@@ -197,7 +197,7 @@ def test_faults_during_a_run_are_one_line_and_keep_the_last_checkpoint(tmp_path,
     err = capsys.readouterr().err.strip()
     want = dict(disk_full="ckpt.pt: No space left on device", out_of_memory="out of memory", ctrl_c="interrupted")[fault]
     assert len(err.splitlines()) == 1 and want in err and f"kept {tmp_path / 'ckpt.pt'} (step 4)" in err, err
-    assert (tmp_path / "ckpt.pt").read_bytes() == good and sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]
+    assert (tmp_path / "ckpt.pt").read_bytes() == good and sorted(os.listdir(tmp_path)) == ["ckpt.pt", "config.json", "results.json"]
 
 
 def test_out_of_memory_before_the_first_checkpoint_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
@@ -261,14 +261,14 @@ def test_a_run_owns_its_folder_a_second_is_refused_and_a_stale_lock_is_taken_ove
     assert run_main(argv) == 0  # the owner is gone: its lock is stale
     out = capsys.readouterr().out
     assert f"taking over the lock of pid {owner.pid}, which is no longer running" in out
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "results.json"]  # released at the end
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "config.json", "results.json"]  # released at the end
 
 
 def test_overwrite_keeps_the_old_run_until_the_new_one_saves_a_checkpoint(tmp_path, capsys, monkeypatch):
     assert run_main(TINY + ["--max_iters", "4", "--eval_interval", "2", "--ckpt_schedule", "eval",
                             "--out_dir", str(tmp_path)]) == 0
     old = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
-    assert len(old) == 4
+    assert len(old) == 5  # ckpt.pt, config.json, results.json and two snapshots
     real_sample = tasks.Bijection.sample
 
     def sample(self, n, g=None):  # Ctrl-C at the first training batch
@@ -315,7 +315,7 @@ def test_a_run_removes_only_its_own_temporary_files(tmp_path):
     for name in ["ckpt.pt.tmp", "ckpt.pt.a8b_9.tmp", "ckpt_0000002.pt.k2j3.tmp", "results.json.q0.tmp"] + others:
         (tmp_path / name).write_text("x")
     assert run_main(["--task", "bijection", "--resume", "--max_iters", "4", "--out_dir", str(tmp_path)]) == 0
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"] + others[:1] + ["results.json"] + others[1:]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "config.json"] + others[:1] + ["results.json"] + others[1:]
 
 
 def test_a_lock_this_process_or_its_parent_holds_is_handed_over(tmp_path):
@@ -382,11 +382,11 @@ def test_out_of_memory_at_the_first_evaluation_keeps_a_checkpoint_and_names_the_
                                                                                       error):
     real = train.build
 
-    def build(cfg, device, saved=None):  # a model whose evaluation (no gradients) runs out of memory
-        built = real(cfg, device, saved)
-        forward = built[2].forward
-        built[2].forward = lambda x: forward(x) if torch.is_grad_enabled() else (_ for _ in ()).throw(error)
-        return built
+    def build(run, device):  # a model whose evaluation (no gradients) runs out of memory
+        model, opt = real(run, device)
+        forward = model.forward
+        model.forward = lambda x: forward(x) if torch.is_grad_enabled() else (_ for _ in ()).throw(error)
+        return model, opt
 
     monkeypatch.setattr(train, "build", build)
     argv = TINY + ["--max_iters", "4", "--eval_interval", "2", "--out_dir", str(tmp_path)]
@@ -417,7 +417,8 @@ def test_a_c_or_latin_1_locale_gets_no_traceback(tmp_path):
         p = subprocess.run([sys.executable, "-c", say], cwd=ROOT, capture_output=True, env=env | {
             "PYTHONIOENCODING": codec})
         assert (p.returncode, p.stdout, p.stderr) == (0, b"0.5 \\u2212 1 \\u2014 ok\n", b"")
-    p = subprocess.run([sys.executable, "reproduce.py", "--table_only", "--out", str(tmp_path / "out"), "--results",
-                        str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "reproduce.py", "--preset", "tiny", "--tasks", "recall", "--models",
+                        "transformer", "--out", str(tmp_path / "out"), "--results", str(tmp_path / "r")], cwd=ROOT,
+                       capture_output=True, text=True, env=env)
     assert p.returncode == 0 and p.stderr == "", p.stderr
     assert "−" in (tmp_path / "r" / "table.md").read_text(encoding="utf-8")
