@@ -483,9 +483,9 @@ def check(task, n_seq=0, seed=0, pairs=64, say=print, n_max=100_000, chunk=2000)
             row(name, f"{m:+.4f} ± {se:.4f}", zscore(m.item(), se.item()))
     batch = task.sample(2 * pairs, g)
     worst, where = causality(task, batch)
+    reads = f" (position {where[0]} reads position {where[1]} or later)" if where else ""
     row("(iv) causality", f"{pairs} pairs spliced at each of {batch.x.shape[1] - 1} positions: largest change "
-        f"before a splice {worst:.2g}" + (f" (position {where[0]} reads position {where[1]} or later)" * bool(where)),
-        ok=where is None)
+        f"before a splice {worst:.2g}{reads}", ok=where is None)
     power = f"(i) finds a gap of {GAP_BITS} bits a position with probability {POWER}" if not n_seq else \
         "sequences set by --n_seq"
     say(f"{'holds' if all(r[3] for r in rows) else 'FAILS'}: each statistic fails at |z| > {Z_FAIL:g} (a family of "

@@ -97,7 +97,7 @@ def cell_run(argv):
 
 
 def recorded(run):
-    return json.loads(json.dumps(run.config()))  # as results.json holds it: lists, not tuples
+    return json.loads(json.dumps(run.record))  # as results.json holds it: lists, not tuples
 
 
 def other_run(r, cfg):

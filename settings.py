@@ -13,7 +13,7 @@ train.py, the sweeps and the diagnostics read that, and the run writes it beside
 - a resumed run is its checkpoint's settings, with only the RESUMABLE ones changed by flags; a checkpoint opens as
   a model again (load) only through the task and model it names, checked (load_checkpoint).
 """
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 import functools
 import inspect
 import math
@@ -26,8 +26,8 @@ import torch
 
 from checkpoints import fits, load_weights, read_checkpoint, set_aside_note
 from commandline import Parser, is_spec, str2bool
-from presets import (CHOICES, HEADER_ROWS, MODELS, PRESETS, RESUMABLE, TRAIN, count_params, entry_of, fill_io,
-                     fit_block_size, match_width, model_name, model_spec, resolve_model)
+from presets import (CHOICES, HEADER_ROWS, MODELS, PRESETS, RESUMABLE, TRAIN, entry_of, fill_io, model_config,
+                     model_name, model_spec, resolve_model)
 from tasks import IO_FIELDS, TASKS, make_task, task_class
 
 PICKS = ("task", "model", "preset", "preset_model")  # what a run is of: read first, they decide the other flags
@@ -48,17 +48,18 @@ class Run:
     curriculum: object  # Curriculum: the task of each training step
     Config: type = field(repr=False)
     Model: type = field(repr=False)
+    n_params: int = 0  # the model's parameters
+    files: dict = field(default_factory=dict)  # "task", "model": the file each comes from, where one does
+    note: str = None  # the line the run says as it starts, where its curriculum outgrows it
 
-    def config(self):
-        """What ckpt.pt and results.json record as the run's `config`."""
-        return dict(task=self.task, model=self.model, preset=self.preset, train=self.train, task_opts=self.task_opts,
-                    model_opts=self.model_opts)
-
-    def describe(self):
-        """The resolved run as `--dry_run` shows it and config.json holds it."""
-        return self.config() | dict(entries=self.entries, model_config=self.model_config,
-                                    n_params=count_params(self.Config, self.Model, self.model_config),
-                                    tasks={k: t.options() for k, t in self.tasks.items()})
+    def __post_init__(self):  # what the run records of itself, fixed with it
+        # ckpt.pt's and results.json's `config`
+        self.record = dict(task=self.task, model=self.model, preset=self.preset, train=self.train,
+                           task_opts=self.task_opts, model_opts=self.model_opts)
+        # what --dry_run shows and config.json holds
+        self.description = self.record | dict(entries=self.entries, model_config=self.model_config,
+                                              n_params=self.n_params,
+                                              tasks={k: t.options() for k, t in self.tasks.items()})
 
 
 @functools.cache  # a task is built once however often its settings are read (the flags' help, the run, its model)
@@ -135,24 +136,17 @@ def settle(cfg, took, saved=None):
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
     tasks, layout, longest = lengths(cfg["task"], cfg["task_opts"], train)
-    task, (Config, Model) = tasks["default"], resolve_model(cfg["model"])
+    task = tasks["default"]
     cfg["model_opts"] = with_header_rows(task, cfg["model_opts"])
-    # the options, and the task's I/O fields that the config has: a model that lacks one it needs is refused here
-    mc = dict(saved) if saved else fill_io(cfg["model"], task, cfg["model_opts"], longest)
-    if train["match_params"] and not saved:
-        target = train["match_params"]
-        if target == -1:  # the transformer's count for this task and preset
-            opts = with_header_rows(task, entries(cfg["task"], "transformer", cfg["preset"])[2])
-            target = count_params(*MODELS["transformer"], fill_io("transformer", task, opts, longest))
-        mc = match_width(target, Config, Model, mc)
+    reference = train["match_params"] == -1 and with_header_rows(task, entries(cfg["task"], "transformer",
+                                                                               cfg["preset"])[2])
+    whole, n_params = model_config(cfg["model"], task, cfg["model_opts"], longest, train["match_params"], reference,
+                                   saved)
     check_train(train)
     curriculum = Curriculum(cfg["task"], cfg["task_opts"], train, layout)
-    try:  # the whole config, every field's value: what the model is built from and its checkpoint records
-        whole = asdict(Config(**fit_block_size(Config, Model, mc, longest)))
-    except TypeError as e:  # a flag of another model, or a field a file's config does not have
-        raise ValueError(f"--model {cfg['model']}: its config {Config.__name__} refuses these options: {e}") from None
+    files = {k: cfg[k].rpartition(":")[0] for k in ("task", "model") if is_spec(cfg[k])}
     return Run(cfg["task"], cfg["model"], cfg["preset"], took, train, cfg["task_opts"], cfg["model_opts"], whole,
-               tasks, curriculum, Config, Model)
+               tasks, curriculum, *resolve_model(cfg["model"]), n_params, files, curriculum.note(train))
 
 
 def lengths(spec, task_opts, train):

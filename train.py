@@ -25,7 +25,7 @@ if __name__ == "__main__":
 import torch
 
 from checkpoints import checkpoint, code_version, print0, resume, write_json
-from commandline import cli, in_file, is_oom, is_spec, raised
+from commandline import cli, in_file, is_oom, raised
 from oracles import Broken, Metrics, batch_mae, check, failed
 from runtime import (CompiledOrEager, Optimizers, autocast, check_run_memory, data_parallel, data_source, fmt_time,
                      global_mean, guarded, native_bf16, oom_hint, prepare_out_dir, say_eta)
@@ -39,9 +39,9 @@ def build(run, device):
     try:
         model = run.Model(run.Config(**run.model_config)).to(device)
     except Exception as e:
-        if not is_spec(run.model):  # a built-in's: a bug of ours, with its traceback
+        if "model" not in run.files:  # a built-in's: a bug of ours, with its traceback
             raise
-        raise ValueError(f"--model {run.model}: building it raised {raised(e, run.model.rpartition(':')[0])}") from None
+        raise ValueError(f"--model {run.model}: building it raised {raised(e, run.files['model'])}") from None
     return model, make_optimizer(model, run.train, device)
 
 
@@ -274,14 +274,14 @@ def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
 
 def train_loop(run, proc, resume_state=None, eval_only=False):
     """The run on this process (proc: its device, rank and checkpoints); exit code 0, or 1 if it diverged."""
-    train, T, device, cfg = run.train, run.train["max_iters"], proc.device, run.config()
+    train, T, device, cfg = run.train, run.train["max_iters"], proc.device, run.record
     torch.manual_seed(train["seed"])
     model, opt = build(run, device)
     task = run.tasks["default"]
     use_bf16, ctx = autocast(train["dtype"], device)
     batches = Batches(run, device, proc.rank, proc.world)
     out_dir = prepare_out_dir(train, resume_state is not None, proc)
-    proc.record = run.describe()  # config.json, beside the first ckpt.pt
+    proc.record = run.description  # config.json, beside the first ckpt.pt
     it, elapsed, history = resume(resume_state, model, opt, batches, device, train)
     stop = StopRule(train, task, history)  # a resumed run's evaluations count towards its plateau
     fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)
@@ -300,7 +300,7 @@ def train_loop(run, proc, resume_state=None, eval_only=False):
         for group in opt.param_groups:
             group["lr"] = lr
         batch, stage = batches.get(it)
-        out, loss = update(fwd, model, stage, opt, batch, ctx, train["grad_clip"], run.model)
+        out, loss = update(fwd, model, stage, opt, batch, ctx, train["grad_clip"], run.files.get("model"), run.model)
         it = proc.step = it + 1
         at_log, at_eval = it % train["log_interval"] == 0 or it == T, it % train["eval_interval"] == 0 or it == T
         lossf = global_mean(loss, proc.world) if at_log or at_eval else None  # the one host sync between logs
@@ -345,22 +345,22 @@ def step(fwd, task, opt, batch, ctx):
     return out, loss
 
 
-def update(fwd, model, task, opt, batch, ctx, grad_clip, spec=""):
+def update(fwd, model, task, opt, batch, ctx, grad_clip, file=None, spec=""):
     """One training step: step() (once more eager if compiling failed), the gradient clipped to grad_clip
     (0 = off), the optimizer's update. fwd: the model as called (compiled, data-parallel); model: its parameters.
-    A model of a file (spec) whose forward raises is one line naming its file and line; one whose output carries
-    no gradient (detached, cast to integers, no parameters) is refused, not trained on silently."""
+    A model of a file (--model spec) whose forward raises is one line naming its file and line; one whose output
+    carries no gradient (detached, cast to integers, no parameters) is refused, not trained on silently."""
     try:
         out, loss = fwd.retry(lambda: step(fwd, task, opt, batch, ctx))
     except Exception as e:
-        if not is_spec(spec) or is_oom(e):
+        if file is None or is_oom(e):
             raise
         if "does not require grad" in str(e):
             raise ValueError(f"--model {spec}: its output has no gradient (detached, not a float, or no parameters "
                              f"before it): nothing would train") from None
-        if not in_file(e, spec.rpartition(":")[0]):  # ours (the output's shape refused): its own line
+        if not in_file(e, file):  # ours (the output's shape refused): its own line
             raise
-        raise ValueError(f"--model {spec}: its forward raised {raised(e, spec.rpartition(':')[0])}") from None
+        raise ValueError(f"--model {spec}: its forward raised {raised(e, file)}") from None
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
@@ -378,7 +378,7 @@ def final_eval(run, model, proc, ctx, it, history, wall, stop, eval_only):
     why = last.get("stopped") or ("its schedule's end" if it >= train["max_iters"] else "not trained on")
     meets_final = meets(metrics["default"], stop.target) if stop.target else None
     stopped = dict(why=why, step=it, target=train["stop_at"] or None, final_meets_target=meets_final)
-    results = dict(task=run.task, model=run.model, preset=run.preset, config=run.config(),
+    results = dict(task=run.task, model=run.model, preset=run.preset, config=run.record,
                    model_config=run.model_config, task_options=run.tasks["default"].options(),
                    n_params=model.num_params(), iters=it, metrics=metrics, stop=stopped, history=history,
                    wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
@@ -394,7 +394,7 @@ def final_eval(run, model, proc, ctx, it, history, wall, stop, eval_only):
 def check_task(run, n_seq=1000, pairs=8):
     """A task from a file: its contract and a short form of its posterior's check against its own sampler
     (oracles.check, n_seq sequences), refused in one line where either fails; the built-ins' pass it (a test)."""
-    if not is_spec(run.task) or os.environ.get("RANK", "0") != "0":
+    if "task" not in run.files or os.environ.get("RANK", "0") != "0":
         return
     try:
         why = failed(check(run.tasks["default"], n_seq=n_seq, pairs=pairs, say=lambda line: None))
@@ -410,8 +410,8 @@ def run_guarded(run, resume_state=None, eval_only=False):
     """train_loop, with Ctrl-C, out of memory and a full disk reported in one line (runtime.guarded)."""
     if resume_state is None:
         check_task(run)
-    if (note := run.curriculum.note(run.train)) and os.environ.get("RANK", "0") == "0":
-        print(note, file=sys.stderr)
+    if run.note and os.environ.get("RANK", "0") == "0":
+        print(run.note, file=sys.stderr)
     return guarded(lambda proc: train_loop(run, proc, resume_state, eval_only), run.train,
                    resume_state["iter"] if resume_state else None)
 
@@ -421,7 +421,7 @@ def main(argv=None):
     try:
         run, state = start(known, given)
         if given.get("dry_run"):
-            print(json.dumps(run.describe(), indent=1))
+            print(json.dumps(run.description, indent=1))
             return 0
         return run_guarded(run, state, eval_only=bool(given.get("eval_only")))
     except ValueError as e:

@@ -17,7 +17,7 @@ HOW = ("out_dir",)  # where a run writes: its own
 
 
 def same_run(a, b):
-    a, b = a.describe(), b.describe()
+    a, b = dict(a.description), dict(b.description)
     for d in (a, b):
         d["train"] = {k: v for k, v in d["train"].items() if k not in HOW}
         d.pop("model"), d.pop("entries")
