@@ -479,6 +479,8 @@ def main(argv=None):
             if cfg["task"] != "hmm":
                 raise ValueError(f"--K applies to hmm checkpoints only, not {cfg['task']!r}")
             task = make_task("hmm", **cfg["task_opts"] | dict(K=args.K))
+        # before why_not, which draws from the task: a K past memory is refused, not drawn for minutes
+        check_geometry_memory(args, task, state["model_config"], isinstance(model, Transformer))
         why = {n: why_not(n, cfg, args.ckpt, model, state["model_config"], task) for n in DIAGNOSTICS
                if args.diagnostic in (n, "all")}
         names = [n for n, w in why.items() if w is None]
@@ -488,7 +490,6 @@ def main(argv=None):
             print(f"skipped {n}: {why[n]}")
         if not names:
             raise ValueError(f"no diagnostic applies to {path}: each is skipped above, with what it needs")
-        check_geometry_memory(args, task, state["model_config"], isinstance(model, Transformer))
         seed = cfg["train"]["eval_seed"] if args.seed is None else args.seed
         args.seed, batch = seed, held_out(task, args.n_seq, seed)
         if batch.x.is_floating_point():  # regression's real inputs, for the float64 model

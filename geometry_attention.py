@@ -16,6 +16,7 @@ the claims table over seeds reads (geometry.py seeds).
 The statistics are geometry_stats.py's; the representation-side diagnostics (values, clusters, belief) and the
 command line are geometry.py's.
 """
+import copy
 from functools import partial
 import glob
 import inspect
@@ -28,9 +29,10 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from checkpoints import ckpt_path
-from geometry_stats import (AUTHORS_DENSE, concentration, entropy_mae, final_streams, frame_ratio, jlens_mae,
-                            jlens_tokens, js_bits, key_positions_mae, manifold_stats, offdiag_abs_cos, offdiag_cos,
-                            value_protocols)
+from geometry_jlens import (AUTHORS_COLUMNS, AUTHORS_DENSE, frame_ratio, jlens_mae, jlens_stats, jlens_tokens,
+                            jspace_grams)
+from geometry_stats import (concentration, entropy_mae, final_streams, js_bits, key_positions_mae, manifold_stats,
+                            offdiag_abs_cos, offdiag_cos, value_protocols)
 from oracles import entropy_bits, oracle
 from settings import build_model, load, load_checkpoint
 from transformer import Transformer, attn_bias
@@ -459,35 +461,47 @@ def dynamics_figures(r):
 def trajectory(model, task, batch, state, args):
     """At every snapshot (ckpt_*.pt, ckpt.pt; --ckpt_schedule dense saves at the authors' steps): the authors'
     calibration MAE on their 256 sequences (jlens_mae), layer 0's per-head key |cos| (jlens_keys) and, with
-    --frame_seqs, the frame ratio against this checkpoint's frame (theirs: against their step-50,000 frame); beside
-    their dense run's figures at the same step (AUTHORS_DENSE)."""
+    --frame_seqs, their other three statistics (geometry_jlens.jlens_stats: the frame ratio and the J-overlap
+    against this run's last checkpoint, theirs against their step-50,000 model; the elimination probe, which needs
+    no final model), the J-spaces from the first --frame_seqs sequences (theirs: 256); beside their dense run's
+    figures at the same step (AUTHORS_DENSE)."""
     x, frame, rows = jlens_tokens(task, 256), frame_basis(model, task), {}
+    final_grams = jspace_grams(copy.deepcopy(model).float(), x[:args.frame_seqs], task) if args.frame_seqs else None
     for path in snapshots(args.ckpt, state):
         m, _, st = load(path)
-        theirs = AUTHORS_DENSE.get(st["iter"], (None, None))
+        theirs = dict(zip(AUTHORS_COLUMNS, AUTHORS_DENSE.get(st["iter"], (None,) * len(AUTHORS_COLUMNS))))
         rows[st["iter"]] = dict(step=st["iter"], mae=jlens_mae(m, task, x), keys_jlens=jlens_keys(m, task),
-                                authors_mae=theirs[0], authors_frame_ratio=theirs[1])
+                                **{f"authors_{k}": v for k, v in theirs.items()})
         if args.frame_seqs:
-            rows[st["iter"]]["frame"] = frame_ratio(m, frame, x[:args.frame_seqs], task)
+            rows[st["iter"]] |= jlens_stats(m, task, x, frame, final_grams, args.frame_seqs)[0]
     rows = [rows[step] for step in sorted(rows)]  # ckpt.pt, the last, may repeat a snapshot's step
     return dict(steps=rows), partial(trajectory_draw, rows)
 
 
 def trajectory_draw(rows, plt):
-    fig, axs = plt.subplots(1, 3, figsize=(15, 4))
+    """The four statistics of the authors' dense run by step, ours and theirs; and layer 0's key |cos|."""
+    fig, axs = plt.subplots(1, 5, figsize=(25, 4))
     steps, theirs = [r["step"] for r in rows], sorted(AUTHORS_DENSE.items())
     nan = float("nan")
-    axs[0].plot(steps, [r["mae"] for r in rows], "o-", ms=3, label="this run")
-    axs[0].plot([s for s, _ in theirs], [v[0] for _, v in theirs], "s--", ms=3, label="the authors' dense run")
-    axs[0].set(xscale="log", yscale="log", xlabel="training step", title="calibration MAE (bits, their 256 sequences)")
-    axs[1].plot(steps, [r["frame"]["frame_ratio"] if "frame" in r else nan for r in rows], "o-", ms=3,
-                label="this run, to its last frame")
-    axs[1].plot([s for s, _ in theirs], [v[1] for _, v in theirs], "s--", ms=3, label="theirs, to their step-50k frame")
-    axs[1].set(xscale="log", xlabel="training step", title="frame ratio to null (jlens)")
+    ours = {"mae": [r["mae"] for r in rows],
+            "frame_ratio": [r["frame"]["frame_ratio"] if "frame" in r else nan for r in rows],
+            "j_overlap": [r.get("j_overlap", nan) for r in rows],
+            "elimination": [nan if r.get("elimination") is None else r["elimination"] for r in rows]}
+    titles = {"mae": "calibration MAE (bits, their 256 sequences)", "frame_ratio": "frame ratio to null (jlens)",
+              "j_overlap": "J-space overlap with the final model", "elimination": "elimination probe, balanced acc."}
+    against = {"frame_ratio": (", to its last checkpoint", ", to their step 50k"),
+               "j_overlap": (", to its last checkpoint", ", to their step 50k")}
+    for ax, (k, column) in zip(axs, enumerate(AUTHORS_COLUMNS)):
+        mine, their = against.get(column, ("", ""))
+        ax.plot(steps, ours[column], "o-", ms=3, label="this run" + mine)
+        ax.plot([s for s, _ in theirs], [v[k] for _, v in theirs], "s--", ms=3, label="the authors' dense run" + their)
+        ax.set(xscale="log", xlabel="training step", title=titles[column])
+    axs[0].set_yscale("log")
+    axs[3].axhline(0.5, color="gray", ls=":", label="chance")
     for stat, f in (("mean", lambda k: sum(k) / len(k)), ("min", min), ("max", max)):
-        axs[2].plot(steps, [f(r["keys_jlens"]) for r in rows], "o-", ms=3, label=stat)
-    axs[2].axhspan(0.43, 0.49, color="gray", alpha=0.2, label="their released model's heads")
-    axs[2].set(xscale="log", xlabel="training step", title="layer-0 keys: mean |cos| per head (jlens)")
+        axs[4].plot(steps, [f(r["keys_jlens"]) for r in rows], "o-", ms=3, label=stat)
+    axs[4].axhspan(0.43, 0.49, color="gray", alpha=0.2, label="their released model's heads")
+    axs[4].set(xscale="log", xlabel="training step", title="layer-0 keys: mean |cos| per head (jlens)")
     for ax in axs:
         ax.legend(fontsize=7)
     return fig

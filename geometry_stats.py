@@ -24,18 +24,12 @@ centres without scaling (sklearn), a share being an eigenvalue over the total va
 - qkv (qkv_analysis.py:256-318): after the final norm at the key positions of the sequence of
   generate_no_replacement_sequence (:85-90), which reseeds numpy with 1337 on every call, so its 100 sequences
   are one: 19 distinct points, H = log2(V - i) at the i-th key.
-The frame ratio (jlens run_phase5.py:72-111): a J-space is the top-8 eigenvectors of sum g g^T, g = d logit[p', v]
-/ d h[i] over the sequences, every later position p' and the V value logits, at the stream into block 0 and block
-0's output and each key position with a later one; frame_ratio = the J-spaces' mean ||U^T W||_F^2 / min(8, V)
-with the final model's frame W (geometry_attention.frame_basis), over the same for 500 random 8-dim subspaces
-(float32 draws, seed 123). Their batch: 256 sequences of python random.Random(444) (data_gen.py:105-202).
 The frame head (concentration, jlens reconcile_frame_head.py): how far ablate's most damaging head leads the rest.
 Last, from the diagnostics' numbers: the headline figures of values, clusters and belief (geometry.FIGURES), and
 the claims table's spread of figures over seeds (claims).
 """
 import copy
 from functools import partial
-import random
 import time
 
 import torch
@@ -334,90 +328,6 @@ def value_protocols(model, task, seed):
     return dict(geometric=protocol_geometric(after, H), manifold=protocol_manifold(before[:n], H[:n]),
                 qkv=protocol_qkv(X, H_qkv))
 
-
-def jlens_tokens(task, n_seq, seed=444):
-    """The tokens of jlens data_gen.py:105-202 generate_batch (python random.Random(seed)), our separate layout:
-    per sequence a shuffled permutation, L keys sampled without replacement, `k1 V+pi(k1) .. kL`."""
-    rng, rows = random.Random(seed), []
-    for _ in range(n_seq):
-        perm = list(range(task.V))
-        rng.shuffle(perm)
-        keys = rng.sample(range(task.V), task.L)
-        rows.append([t for k in keys for t in (k, task.V + perm[k])][:-1])
-    return torch.tensor(rows)
-
-
-# The authors' dense rerun of their recipe (jlens experiments/jlens/results/phase5_dense_summary.json, at 670c6d6):
-# step: (calibration MAE in bits on their 256 sequences, frame ratio to null against their step-50,000 frame)
-AUTHORS_DENSE = {
-    100: (2.82456, 1.017), 200: (0.77779, 1.024), 300: (1.04358, 2.264), 400: (0.91253, 3.649),
-    500: (0.64876, 4.217), 600: (0.35219, 4.608), 700: (0.2007, 4.910), 800: (0.14197, 5.126),
-    900: (0.11498, 5.312), 1000: (0.08603, 5.445), 1500: (0.06473, 5.948), 2000: (0.04337, 6.239),
-    2500: (0.03162, 6.317), 3000: (0.03693, 6.208), 3500: (0.03626, 6.202), 4000: (0.02154, 6.275),
-    4500: (0.01828, 6.328), 5000: (0.02257, 6.350), 6000: (0.01248, 6.430), 7000: (0.01011, 3.192),
-    8000: (0.01873, 4.990), 9000: (0.01244, 3.897), 10000: (0.00933, 5.020), 15000: (0.00565, 6.231),
-    20000: (0.00504, 6.410), 25000: (0.0036, 5.749), 30000: (0.00316, 5.878), 35000: (0.00216, 5.734),
-    40000: (0.00138, 5.552), 45000: (0.0009, 5.637), 50000: (0.00078, 5.635)}
-
-
-def jlens_mae(model, task, x):
-    """jlens calibration.py eval_entropy_mae: the mean |H_model - log2(V - t)| over the key positions of x
-    (jlens_tokens), the model's entropy over the answers (task.answers: the value slice of a whole-vocabulary head)."""
-    H = entropy_bits(F.softmax(task.answers(model(x))[:, 0::2].double(), -1))
-    return (H - torch.log2(task.V - torch.arange(H.shape[1], dtype=torch.float64))).abs().mean().item()
-
-
-def jspace_grams(model, x, task, chunk=32):
-    """(2, T, d, d) stacked Grams (jlens extract.py:162-270) at the stream into block 0 and block 0's output: for
-    every later position p' and each answer v (task.answers), g = d out[p', v] / d h[i]. The parameters
-    are frozen meanwhile, as the authors freeze them (:201-203)."""
-    B, T, n_logits = *x.shape, task.n_classes
-    grams, frozen = None, [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in frozen:
-        p.requires_grad_(False)
-    try:
-        for s in range(0, B, chunk):
-            b = len(x[s:s + chunk])
-            rows, which = torch.arange(n_logits * b), torch.arange(n_logits).repeat_interleave(b)  # row j*b+n: logit j
-            seen = []
-            hooks = [model.blocks[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].requires_grad_())),
-                     model.blocks[0].register_forward_hook(lambda m, a, out: seen.append(out))]
-            try:
-                with torch.enable_grad():
-                    out = task.answers(model(x[s:s + chunk].repeat(n_logits, 1)))
-            finally:
-                for h in hooks:
-                    h.remove()
-            if grams is None:
-                grams = torch.zeros(2, T, seen[0].shape[-1], seen[0].shape[-1], dtype=torch.float64)
-            for p in range(T - 1, 0, -1):  # target p' = p reaches the positions i < p
-                cot = torch.zeros_like(out)
-                cot[rows, p, which] = 1.0
-                for site, g in enumerate(torch.autograd.grad(out, seen, cot, retain_graph=p > 1)):
-                    g = g[:, :p].double()
-                    grams[site, :p] += torch.einsum("rid,rie->ide", g, g)
-    finally:
-        for p, flag in frozen:
-            p.requires_grad_(flag)
-    return grams
-
-
-def frame_ratio(model, frame, x, task, rank=8, n_null=500):
-    """frame_ratio_to_null (run_phase5.py:108-111) of a model on the sequences x: jlens_ratio of its jspace_grams."""
-    grams = jspace_grams(copy.deepcopy(model).float(), x, task)  # float32, as the authors' models
-    return jlens_ratio(grams, frame, rank, n_null) | dict(n_seq=len(x))
-
-
-def jlens_ratio(grams, frame, rank=8, n_null=500):
-    """The mean projection overlap of the J-spaces (each Gram's top-rank eigenvectors) at the key positions with
-    a later one (0, 2, ..), at both sites, with the frame (d, k), over that of n_null random rank-dim subspaces.
-    overlap(U) = ||U^T F||_F^2 / min(rank, k): 1 for a J-space inside the frame, 0 for one orthogonal to it."""
-    overlap = lambda U: (torch.linalg.svdvals(U.T @ frame) ** 2).sum().item() / min(U.shape[1], frame.shape[1])
-    Us = [torch.linalg.eigh(grams[site, i])[1][:, -rank:] for site in range(2) for i in range(0, grams.shape[1] - 1, 2)]
-    g = torch.Generator().manual_seed(123)
-    nulls = torch.linalg.qr(torch.randn(n_null, frame.shape[0], rank, generator=g).double()).Q
-    obs, null = sum(map(overlap, Us)) / len(Us), sum(map(overlap, nulls)) / n_null
-    return dict(frame_ratio=obs / null, overlap=obs, null_overlap=null, n_jspaces=len(Us))
 
 def concentration(delta):
     """The frame-head criterion of the authors' jlens reconcile_frame_head.py: the heads {"L{l}H{h}": damage},

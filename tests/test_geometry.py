@@ -12,10 +12,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import checkpoints
 import geometry
 import geometry_attention
+import geometry_jlens
 import geometry_stats
 import oracles
 import presets
@@ -602,8 +604,8 @@ def test_the_qkv_sequence_is_the_authors_and_the_jlens_batch_is_a_bijection():
     perm = [12, 19, 11, 6, 7, 9, 3, 10, 13, 5, 18, 14, 16, 2, 8, 4, 15, 17, 0, 1]
     keys = [9, 17, 12, 4, 3, 7, 10, 2, 5, 6, 19, 1, 15, 14, 18, 8, 11, 0, 16]
     assert geometry_stats.qkv_sequence(task)[0].tolist() == [t for k in keys for t in (k, 20 + perm[k])][:-1]
-    x = geometry_stats.jlens_tokens(task, 5)
-    assert x.shape == (5, task.seq_len) and torch.equal(x, geometry_stats.jlens_tokens(task, 5))
+    x = geometry_jlens.jlens_tokens(task, 5)
+    assert x.shape == (5, task.seq_len) and torch.equal(x, geometry_jlens.jlens_tokens(task, 5))
     for row in x:  # distinct keys, and values that are one permutation's
         assert len(set(row[0::2].tolist())) == task.L and len(set(row[1::2].tolist())) == task.L - 1
         assert (row[1::2] >= task.V).all()
@@ -623,8 +625,8 @@ def test_value_rows_read_the_value_positions_before_and_after_the_final_norm():
 
 def test_jspace_grams_against_the_full_jacobian():
     m, task = tiny_bijection()
-    x = geometry_stats.jlens_tokens(task, 2)
-    grams = geometry_stats.jspace_grams(m, x, task, chunk=1)
+    x = geometry_jlens.jlens_tokens(task, 2)
+    grams = geometry_jlens.jspace_grams(m, x, task, chunk=1)
     bias = geometry_attention.attn_bias(m.config, x.shape[1], x.device)
 
     def logits_from(h, first):  # the forward pass from the stream entering block `first`
@@ -646,11 +648,11 @@ def test_jspace_grams_against_the_full_jacobian():
 def test_a_frame_that_holds_every_jspace_gives_the_inverse_null_overlap():
     m, task = tiny_bijection()
     d = m.config.d_model
-    r = geometry_stats.frame_ratio(m, torch.eye(d, dtype=torch.float64), geometry_stats.jlens_tokens(task, 2),
+    r = geometry_jlens.frame_ratio(m, torch.eye(d, dtype=torch.float64), geometry_jlens.jlens_tokens(task, 2),
                                    task, rank=4, n_null=50)
     assert r["overlap"] == pytest.approx(1.0) and r["null_overlap"] == pytest.approx(1.0)  # the whole space
     half = torch.eye(d, dtype=torch.float64)[:, : d // 2]
-    r = geometry_stats.frame_ratio(m, half, geometry_stats.jlens_tokens(task, 2), task, rank=4, n_null=400)
+    r = geometry_jlens.frame_ratio(m, half, geometry_jlens.jlens_tokens(task, 2), task, rank=4, n_null=400)
     assert r["null_overlap"] == pytest.approx(0.5, abs=0.03)  # a random 4-dim subspace: half its mass in half
 
 
@@ -663,17 +665,17 @@ def test_the_frame_ratio_of_a_frame_inside_every_jspace_and_of_one_orthogonal_to
         for i in range(T):
             R = torch.linalg.qr(torch.randn(rank, rank, generator=g, dtype=torch.float64)).Q
             grams[site, i, :rank, :rank] += 10 * R @ torch.diag(torch.arange(1.0, rank + 1, dtype=torch.float64)) @ R.T
-    r = geometry_stats.jlens_ratio(grams, inside, rank, n_null=2000)
+    r = geometry_jlens.jlens_ratio(grams, inside, rank, n_null=2000)
     assert r["overlap"] == pytest.approx(1.0) and r["n_jspaces"] == 2 * 3  # key positions 0, 2, 4 (6 has no later)
     assert r["null_overlap"] == pytest.approx(rank / d, abs=0.01)  # a random 8-dim subspace: 8/32 of its mass
     assert r["frame_ratio"] == pytest.approx(d / rank, rel=0.05)
-    assert geometry_stats.jlens_ratio(grams, outside, rank)["frame_ratio"] == pytest.approx(0.0, abs=1e-12)
+    assert geometry_jlens.jlens_ratio(grams, outside, rank)["frame_ratio"] == pytest.approx(0.0, abs=1e-12)
     mixed = torch.cat([inside[:, :4], outside[:, :4]], 1)  # half inside: each J-space keeps half its mass there
-    assert geometry_stats.jlens_ratio(grams, mixed, rank)["overlap"] == pytest.approx(0.5)
+    assert geometry_jlens.jlens_ratio(grams, mixed, rank)["overlap"] == pytest.approx(0.5)
 
 
 def test_trajectory_reads_the_authors_statistic_at_every_snapshot(tmp_path):
-    argv = ["--task", "bijection", "--preset", "authors", "--max_iters", "200", "--n_layer", "1", "--d_model", "16",
+    argv = ["--task", "bijection", "--preset", "authors", "--max_iters", "200", "--n_layer", "2", "--d_model", "16",
             "--n_head", "2", "--batch_size", "8", "--eval_samples", "20", "--eval_samples_during", "10",
             "--eval_interval", "100", "--log_interval", "100", "--out_dir", str(tmp_path)]
     assert exit_code(train.main, argv) == 0
@@ -682,9 +684,64 @@ def test_trajectory_reads_the_authors_statistic_at_every_snapshot(tmp_path):
     assert [r["step"] for r in rows] == [100, 200]  # the authors' dense steps
     assert [r["authors_mae"] for r in rows] == [2.82456, 0.77779] and rows[1]["authors_frame_ratio"] == 1.024
     m, task, _ = settings.load(str(tmp_path / "ckpt_0000100.pt"))
-    x = geometry_stats.jlens_tokens(task, 256)
+    x = geometry_jlens.jlens_tokens(task, 256)
     H = -(torch.softmax(m(x)[:, 0::2, task.V:].double(), -1) * torch.log_softmax(m(x)[:, 0::2, task.V:].double(), -1)
           ).sum(-1) / math.log(2)  # the value slice of the 40-way head, at the 19 key positions
     want = (H - torch.log2(20 - torch.arange(19.0, dtype=torch.float64))).abs().mean().item()
     assert rows[0]["mae"] == pytest.approx(want, rel=1e-9)
     assert 0 < rows[1]["frame"]["frame_ratio"] and rows[1]["frame"]["n_seq"] == 1
+    assert rows[1]["j_overlap"] == pytest.approx(1.0)  # the last snapshot is the final model
+    assert rows[0]["probe_position"] == 18 and 0 <= rows[0]["elimination"] <= 1 and rows[0]["n_probes"] >= 1
+
+
+def test_logistic_fit_meets_its_optimality_conditions_and_agrees_with_gradient_descent():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 3, generator=g, dtype=D)
+    y = (X[:, 0] - 0.5 * X[:, 1] + 0.3 * torch.randn(60, generator=g, dtype=D) > 0.4).long()  # unbalanced classes
+    w, b = geometry_jlens.logistic_fit(X, y)
+    s = len(y) / (2 * torch.where(y > 0, y.sum(), (1 - y).sum()).double())
+
+    def loss(theta):  # sklearn's balanced, L2 (C = 1) objective, the intercept unpenalised
+        z = X @ theta[:3] + theta[3]
+        return 0.5 * (theta[:3] ** 2).sum() + (s * F.softplus(-(2 * y - 1) * z)).sum()
+
+    theta = torch.cat([w, torch.tensor([b], dtype=D)]).requires_grad_()
+    assert torch.autograd.grad(loss(theta), theta)[0].abs().max() < 1e-9  # the KKT point
+    ref = torch.zeros(4, dtype=D, requires_grad=True)
+    opt = torch.optim.LBFGS([ref], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-15,
+                            line_search_fn="strong_wolfe")
+    opt.step(lambda: (opt.zero_grad(), loss(ref).backward(), loss(ref))[-1])
+    assert torch.allclose(theta.detach(), ref.detach(), atol=1e-6)
+
+
+def test_the_elimination_probe_reads_a_linear_code_and_not_noise():
+    g = torch.Generator().manual_seed(1)
+    elim = torch.rand(400, 5, generator=g) < 0.5
+    coords = torch.randn(400, 8, generator=g, dtype=D)
+    coded = coords.clone()
+    coded[:, :5] += 4 * (elim.double() - 0.5)  # v's label along axis v
+    assert geometry_jlens.elimination_probe(coded, elim)["elimination"] > 0.95
+    noise = geometry_jlens.elimination_probe(coords, elim)
+    assert noise["n_probes"] == 5 and abs(noise["elimination"] - 0.5) < 0.1
+    assert geometry_jlens.elimination_probe(coords, torch.zeros(400, 5, dtype=torch.bool))["n_probes"] == 0
+
+
+def test_eliminated_marks_each_value_from_its_pair_on_and_j_overlap_is_one_for_a_model_with_itself():
+    task = make_task("bijection")
+    x = geometry_jlens.jlens_tokens(task, 3)
+    want = torch.zeros(*x.shape, task.V, dtype=torch.bool)
+    for n, row in enumerate(x.tolist()):
+        for i in range(len(row)):
+            for t in row[:i + 1]:
+                if t >= task.V:
+                    want[n, i, t - task.V] = True
+    assert torch.equal(geometry_jlens.eliminated(x, task.V), want)
+    d, T = 16, 5
+    grams = torch.randn(2, T, d, d, generator=torch.Generator().manual_seed(2), dtype=D)
+    grams = grams @ grams.transpose(-1, -2)
+    assert geometry_jlens.j_overlap(grams, grams, rank=4) == pytest.approx(1.0)
+    flipped = torch.eye(d, dtype=D).repeat(2, T, 1, 1)
+    flipped[..., :4, :4] *= 10  # J-spaces span(e_0..e_3)
+    other = torch.eye(d, dtype=D).repeat(2, T, 1, 1)
+    other[..., 4:8, 4:8] *= 10  # and span(e_4..e_7): orthogonal
+    assert geometry_jlens.j_overlap(flipped, other, rank=4) == pytest.approx(0.0, abs=1e-12)
