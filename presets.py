@@ -113,8 +113,9 @@ RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "p
 # (train.StopRule: by two standard errors over the check's sequences); else a plateau of the held-out KL
 # (--patience 4); else the cap. Where several models reach the target, their time to it is the comparison
 # (results/table.md); time_to_target.py reads the same targets. The caps (bijection 5,000 steps, hmm 3,000,
-# regression 4,000, recall 1,500) are what the whole table can spend in an hour on a 2-core CPU: a cell still
-# learning at its cap says so (results/sweep.md); table_longer.md has the longer schedules' figures.
+# regression 4,000, recall 1,500) leave the bijection transformer time to meet its task's target: the whole table
+# takes 1h37m on a 2-core CPU, not an hour (results/sweep.md: where the time goes); table_longer.md has the longer
+# schedules' figures.
 
 PRESETS = {
     "quick": {  # sized for a 2-core CPU; LSTM and MLP widths match the transformer's parameter count within 1%

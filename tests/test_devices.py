@@ -143,7 +143,8 @@ def test_a_sweep_of_compiled_runs_in_one_process_stays_compiled(tmp_path, monkey
     # config.patch, not monkeypatch: undoing a monkeypatch deletes the option, which hides it from later tests
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         assert exit_code(reproduce.main, ["--preset", "tiny", "--tasks", "bijection,hmm,recall", "--models",
-                                          "transformer", "--out", str(out), "--results", str(tmp_path / "res"), "--jobs",
+                                          "transformer", "--out", str(out), "--results", str(tmp_path / "res"),
+                                           "--jobs",
                                           "1", "--", "--compile"]) == 0  # one process, one after another
     assert len(per_run) == 3 and min(per_run) >= 2, per_run  # each run compiles its training and evaluation graphs
     for log in (out / "tiny").glob("*/train.log"):

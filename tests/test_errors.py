@@ -74,7 +74,8 @@ def test_stop_at_refuses_an_infinite_threshold(spec):
     (["scan", "--threads", "100000"], "--threads"), (["gpu", "--threads", "100000"], "--threads"),
     (["matmul", "--n", "10000000"], "--n"), (["scan", "--seed", str(2**64)], "--seed"),
     (["memory", "--seed", "-1"], "--seed"), (["scan", "--B", "0"], "--B"), (["scan", "--L", "64", "0"], "--L"),
-    (["memory", "--T", "0"], "--T"), (["memory", "--decay", "nan"], "--decay"), (["memory", "--decay", "1.5"], "--decay"),
+    (["memory", "--T", "0"], "--T"), (["memory", "--decay", "nan"], "--decay"),
+     (["memory", "--decay", "1.5"], "--decay"),
 ])
 def test_bench_refuses_bad_flags_naming_them(argv, flag, capsys):
     import bench

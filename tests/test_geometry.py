@@ -366,7 +366,8 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
                    for k in ("pc1_share", "corr_pc1", "corr_pc1_position"))
     assert v["final_layer"]["key"]["after_norm"]["pc1_share"] == v["layers"]["final"]["pc1_share"]
     a = read(runs["bij"], "ablate")
-    assert [r["ablation"] for r in a["ablations"]][:5] == ["skip L0", "skip L1", "skip L0 MLP", "skip L1 MLP", "mask L0H0"]
+    assert [r["ablation"] for r in a["ablations"]][:5] == [
+        "skip L0", "skip L1", "skip L0 MLP", "skip L1 MLP", "mask L0H0"]
     assert len(a["ablations"]) == 2 + 2 + 2 * 3
     ratios = a["figures"]["error x with layer l's MLP skipped (per token)"]
     assert ratios == [r["ratio_token"] for r in a["ablations"] if r["ablation"].endswith("MLP")] and len(ratios) == 2
@@ -378,7 +379,8 @@ def test_every_diagnostic_on_a_tiny_bijection_transformer(runs):
     assert f["frame_head_by_orthogonality"] == f"L0H{scores.index(min(scores))}"
     assert min(scores) == pytest.approx(k["named"]["identify_frame_head"]["trained"], abs=1e-12)
     dyn = read(runs["bij"], "dynamics")
-    assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]  # checkpoints.snapshot_steps("log", 6), the last is ckpt.pt
+    # checkpoints.snapshot_steps("log", 6), the last is ckpt.pt
+    assert [r["step"] for r in dyn["steps"]] == [1, 2, 3, 6]
     assert dyn["steps"][-1]["att_similarity"] == [1.0, 1.0] and len(dyn["summary"]["attention_settled_step"]) == 2
     last = dyn["steps"][-1]  # the claims table's figures at every checkpoint
     assert len(last["keys_jlens"]) == 2 and len(last["att_entropy_bits"]) == 2 and len(last["skip_ratio"]) == 2
@@ -587,12 +589,14 @@ def test_the_geometric_protocol_takes_the_pc_most_correlated_with_entropy():
                      2 * (H - 0.5), 0.01 * torch.randn(500, generator=g, dtype=torch.float64)], 1)  # PC2: H
     r = geometry_stats.protocol_geometric(torch.cat([X, torch.zeros(500, 9, dtype=torch.float64)], 1), H)
     assert r["which_pc"] == 2 and r["abs_corr"] > 0.999 and r["dim_90"] == 1  # PC1 alone holds > 90%
-    assert geometry_stats.protocol_geometric(torch.randn(500, 40, generator=g, dtype=torch.float64), H)["dim_90"] is None
+    noise = torch.randn(500, 40, generator=g, dtype=torch.float64)
+    assert geometry_stats.protocol_geometric(noise, H)["dim_90"] is None
 
 
 def test_repeating_one_sequence_leaves_the_qkv_protocols_pca_unchanged():
     g = torch.Generator().manual_seed(2)
-    X, H = torch.randn(19, 16, generator=g, dtype=torch.float64), torch.log2(20 - torch.arange(19.0, dtype=torch.float64))
+    X = torch.randn(19, 16, generator=g, dtype=torch.float64)
+    H = torch.log2(20 - torch.arange(19.0, dtype=torch.float64))
     once, times = geometry_stats.protocol_qkv(X, H), geometry_stats.protocol_qkv(X.repeat(100, 1), H.repeat(100))
     assert times["n_points"] == 1900 and times["n_distinct"] == 19
     assert times["pc1_share"] == pytest.approx(once["pc1_share"], abs=1e-12)
@@ -638,7 +642,8 @@ def test_jspace_grams_against_the_full_jacobian():
     for t in x[:, None]:
         h0 = (m.wte(t) + m.wpe(torch.arange(t.shape[1]))).detach()  # the stream into block 0
         for site, h in enumerate((h0, m.blocks[0](h0, None, None, None, bias).detach())):
-            J = torch.autograd.functional.jacobian(lambda h: logits_from(h, site), h)[0, :, :, 0]  # d out[p, v] / d h[i]
+            # d out[p, v] / d h[i]
+            J = torch.autograd.functional.jacobian(lambda h: logits_from(h, site), h)[0, :, :, 0]
             for i in range(x.shape[1]):
                 g = J[i + 1:, :, i].reshape(-1, h.shape[-1])  # every later p and every value logit
                 want[site, i] += g.T @ g

@@ -586,8 +586,8 @@ def test_a_bad_environment_under_a_sweep_is_said_on_stderr(tmp_path, monkeypatch
     monkeypatch.setenv("WORLD_SIZE", "abc")
     assert reproduce.main(CELL + ["--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "bijection x mlp: FAILED (exit 2): train.py: error: environment variable WORLD_SIZE='abc'" \
-        in err[0] and "train.log" in err[0], err
+    want = "bijection x mlp: FAILED (exit 2): train.py: error: environment variable WORLD_SIZE='abc'"
+    assert len(err) == 1 and want in err[0] and "train.log" in err[0], err
     argv = ["depth_width", "--results", str(tmp_path / "r"), "--scratch", str(tmp_path / "s"), "--twin", "false",
             "--n_facts", "2", "--facts_per_chain", "2", "--n_entities", "4", "--ws", "1", "2", "8", "--nd", "2", "1",
             "--seeds", "0", "--max_iters", "2", "--batch_size", "4", "--eval_samples", "10"]

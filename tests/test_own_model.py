@@ -177,7 +177,8 @@ def test_a_model_whose_head_has_the_wrong_width_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("train.py: error: the model's output is (8, 9, 4); bijection needs a tensor (B, T, C) = "
                    "(8, 9, 6)"), err
-    pair = "    def __call__(self, x):\n        return super().__call__(x), None\n\n    def num_params"  # (logits, None)
+    # (logits, None)
+    pair = "    def __call__(self, x):\n        return super().__call__(x), None\n\n    def num_params"
     conv = model_file(tmp_path, "pair", CONV_PY.replace("    def num_params", pair))
     assert exit_code(train.main, ["--task", "bijection", "--model", f"{conv}:Conv", *TINY,
                                   "--out_dir", str(tmp_path / "run")]) == 2
@@ -216,7 +217,8 @@ def test_a_new_model_trains_evaluates_and_has_its_flags(tmp_path, capsys):
     capsys.readouterr()
     assert exit_code(train.main, ["--model", spec, "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert f"model {spec}: --block_size BLOCK_SIZE" in text and "--n_layer N_LAYER stacked GRU layers (default 2)" in text
+    assert f"model {spec}: --block_size BLOCK_SIZE" in text
+    assert "--n_layer N_LAYER stacked GRU layers (default 2)" in text
 
 
 def test_reproduce_sweeps_a_new_model_on_every_task(tmp_path):

@@ -82,7 +82,8 @@ WRONG = {  # (task, the wrong posterior in one line): each a kind of mistake an 
         (3,), 1 / 3, dtype=torch.float64))),
     "hmm, a peek at the next input": ("hmm", lambda s, x: torch.cat([oracles.hmm_posterior(s, x)[:, 2:],
                                                                      oracles.uniform(x, s.n_states)[:, :2]], 1)),
-    "regression, a wrong prior": ("regression", lambda s, x: oracles.regression_posterior(replace(s, prior_std=3.0), x)),
+    "regression, a wrong prior": ("regression",
+                                  lambda s, x: oracles.regression_posterior(replace(s, prior_std=3.0), x)),
     "regression, a count off by one": ("regression", lambda s, x: (lambda m, v: (m, v - (v - s.noise_std ** 2) / 2))(
         *oracles.regression_posterior(s, x))),
     "regression, a peek at the next input": ("regression", lambda s, x: (lambda m, v: (

@@ -149,7 +149,8 @@ def test_unusable_results_is_a_one_line_error_before_any_cell_runs(tmp_path, cap
 def test_ctrl_c_stops_the_sweep_with_one_line_on_the_console(tmp_path):
     """The cell's own line goes to its train.log; the console gets the sweep's."""
     p = subprocess.Popen([sys.executable, "reproduce.py", "--preset", "tiny", "--tasks", "bijection", "--models",
-                          "transformer,mlp", "--out", str(tmp_path / "o"), "--jobs", "1", "--", "--max_iters", "100000"],
+                          "transformer,mlp", "--out", str(tmp_path / "o"), "--jobs", "1",
+                           "--", "--max_iters", "100000"],
                          cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=os.environ | {"OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c_as_in_a_terminal)
@@ -212,7 +213,8 @@ def test_a_cell_another_run_holds_is_not_run_and_its_log_left_alone(tmp_path, ca
     assert "bijection x mlp: FAILED: its folder is in use by another run" in said and "see" not in said
     assert (held / "train.log").read_text() == "the other run's log\n"
     assert sorted(os.listdir(held)) == [".lock", "train.log"]
-    assert sorted(os.listdir(out / "bijection_lstm")) == ["ckpt.pt", "config.json", "results.json", "train.log"]  # lock released
+    # the lock released
+    assert sorted(os.listdir(out / "bijection_lstm")) == ["ckpt.pt", "config.json", "results.json", "train.log"]
 
 
 def test_a_full_disk_is_one_line_and_keeps_the_table_written_before(tmp_path, monkeypatch, capsys):

@@ -134,7 +134,7 @@ def test_a_fresh_run_refuses_an_existing_run_and_overwrite_replaces_it(tmp_path,
     assert {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)} == before  # untouched
     argv = TINY + ["--max_iters", "3", "--eval_interval", "3", "--overwrite", "--out_dir", str(tmp_path)]
     assert run_main(argv) == 0
-    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "config.json", "results.json"]  # the old run's snapshots are gone
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "config.json", "results.json"]  # the old snapshots are gone
     assert json.load(open(tmp_path / "results.json"))["iters"] == 3
 
 
@@ -195,9 +195,11 @@ def test_faults_during_a_run_are_one_line_and_keep_the_last_checkpoint(tmp_path,
     else:
         assert run_main(argv) == 2
     err = capsys.readouterr().err.strip()
-    want = dict(disk_full="ckpt.pt: No space left on device", out_of_memory="out of memory", ctrl_c="interrupted")[fault]
+    want = dict(disk_full="ckpt.pt: No space left on device", out_of_memory="out of memory",
+                ctrl_c="interrupted")[fault]
     assert len(err.splitlines()) == 1 and want in err and f"kept {tmp_path / 'ckpt.pt'} (step 4)" in err, err
-    assert (tmp_path / "ckpt.pt").read_bytes() == good and sorted(os.listdir(tmp_path)) == ["ckpt.pt", "config.json", "results.json"]
+    assert (tmp_path / "ckpt.pt").read_bytes() == good
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "config.json", "results.json"]
 
 
 def test_out_of_memory_before_the_first_checkpoint_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):

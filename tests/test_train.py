@@ -326,7 +326,8 @@ def test_one_stop_rule_a_task_the_same_for_every_model(preset):
 
 
 @pytest.mark.parametrize("argv, expect", [
-    (["--task", "nope"], "--task unknown task 'nope'; valid tasks: bijection, hmm, regression, recall, hop, or PATH.py:Class"),
+    (["--task", "nope"],
+     "--task unknown task 'nope'; valid tasks: bijection, hmm, regression, recall, hop, or PATH.py:Class"),
     (["--model", "rnn"], "--model rnn: not a model; give one of transformer, mamba, lstm, mlp, linear_attn, "
                          "PATH.py:Class or module:Class"),
     (["--preset", "huge"], "invalid choice: 'huge'"),
@@ -623,7 +624,8 @@ def test_the_authors_preset_builds_their_recipe_and_model():
         ("adamw", 3e-4, 0.9, 0.999, 0.1, "all")
     assert (t["warmup_iters"], t["max_iters"], t["lr_decay_iters"], t["min_lr_ratio"], t["lr_schedule"]) == \
         (2000, 50_000, 50_000, 0.0, "authors")
-    assert (t["batch_size"], t["seed"], t["grad_clip"], t["dtype"], t["ckpt_schedule"]) == (256, 42, 1.0, "float32", "dense")
+    assert (t["batch_size"], t["seed"], t["grad_clip"], t["dtype"], t["ckpt_schedule"]) == (
+        256, 42, 1.0, "float32", "dense")
     torch.manual_seed(t["seed"])
     (model, opt), task = train.build(run, torch.device("cpu")), run.tasks["default"]
     assert (task.V, task.L, task.vocab_size, task.seq_len) == (20, 19, 40, 37)

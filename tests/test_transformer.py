@@ -184,7 +184,8 @@ def test_a_layer_is_its_heads_and_its_mlp():
     mask[1] = 0
     skipped = model(x, skip_layers={1})
     assert torch.allclose(model(x, head_mask=mask, skip_mlps={1}), skipped, atol=1e-12)
-    assert not torch.allclose(model(x, skip_mlps={1}), skipped) and not torch.allclose(model(x, head_mask=mask), skipped)
+    assert not torch.allclose(model(x, skip_mlps={1}), skipped)
+    assert not torch.allclose(model(x, head_mask=mask), skipped)
     h = model(x, return_internals=True)[1]["layers"][1]["x"]  # the stream into block 1: its MLP skipped, by hand
     h = h + model.blocks[1].attn(model.blocks[1].ln_1(h))
     assert torch.allclose(model(x, skip_mlps={1}), model.ln_f(h) @ model.wte.weight[7:12].T, atol=1e-12)
