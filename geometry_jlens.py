@@ -223,7 +223,8 @@ def jlens_stats(model, task, x, frame, final_grams=None, n_grams=None):
         raise ValueError(f"the elimination probe reads block 1's output: this model has {len(model.blocks)} block")
     m32 = copy.deepcopy(model).float()  # float32, as the authors' models
     grams = jspace_grams(m32, x[:n_grams], task, blocks=2)
-    mid = list(range(0, x.shape[1], 2))[len(range(0, x.shape[1], 2)) // 2]  # key_pos[len(key_pos) // 2]
+    key_pos = range(0, x.shape[1], 2)
+    mid = key_pos[len(key_pos) // 2]  # theirs: key_pos[len(key_pos) // 2]
     U = top_subspace(grams[2, mid], PROBE_RANK)  # block 1's output
     coords = residual(m32, x, 1)[:, mid].double() @ U
     stats = dict(frame=jlens_ratio(grams, frame) | dict(n_seq=len(x[:n_grams])),
