@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+import batches
 import checkpoints
 from hardware import bench_gpu, bench_matmul, best_time, describe, machine, matmul_peak, parser, syncer, time_and_peak
 from linear_attn import DEFAULT_CHUNK, RULES, memory
@@ -160,7 +161,7 @@ def measure_train(task_name, model_name, size, args):
     B, T = run.train["batch_size"], task.seq_len
     use_bf16, ctx = runtime.autocast(args.dtype, dev)  # as train.py --dtype
     fwd = torch.compile(model) if args.compile else model
-    g, chunk = runtime.data_source(run.train, dev)
+    g, chunk = batches.data_source(run.train, dev)
     batch = task.sample(B, g).to(dev, latent=False)  # as train.py: the oracle's float64 latents stay
 
     def step():

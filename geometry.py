@@ -8,7 +8,7 @@ comparison): what the keys, queries, attention and representations look like ins
 
 Each writes geometry_<name>.json (the numbers) and .png (if matplotlib is installed) beside the
 checkpoint, in float64, from the first --n_seq of the held-out sequences train.py's final evaluation scores
-(its eval seed, drawn 250 at a time as train.evaluate draws them; past its 2,000, the same stream on).
+(its eval seed, drawn 250 at a time as evaluation.evaluate draws them; past its 2,000, the same stream on).
 Each diagnostic's function defines what it measures:
 - keys: how orthogonal the hypothesis tokens' keys are, in every variant of the paper and the authors' code;
 - qk (Fig. 15): query-key cosines and attention entropy by layer;
@@ -421,7 +421,7 @@ def why_not(name, cfg, path, model, mc, task):
 
 
 def held_out(task, n, seed, draw=250):
-    """The first n sequences of train.evaluate's held-out stream (the diagnostics' batch): from `seed`, `draw` at
+    """The first n sequences of evaluation.evaluate's held-out stream (the diagnostics' batch): from `seed`, `draw` at
     a time (its batch_size), as one tasks.Batch."""
     g = torch.Generator().manual_seed(seed)
     parts = [task.sample(draw, g) for _ in range(-(-n // draw))]

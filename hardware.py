@@ -24,9 +24,12 @@ import time
 import torch
 from torch._dynamo.utils import counters
 
+import batches
 import checkpoints
 from commandline import Parser, check_sizes
+import evaluation
 from mamba import SCAN_MODES, selective_scan
+import optim
 import presets
 import runtime
 import settings
@@ -202,19 +205,20 @@ def train_cell(args, dev, task_name, model_name, preset, compile=False, evaluate
     use_bf16, ctx = runtime.autocast("auto", dev)
     fell_back = []
     fwd = runtime.CompiledOrEager(model, compile, fell_back.append)
-    gen, _ = runtime.data_source(run.train, dev, task)
+    gen, _ = batches.data_source(run.train, dev, task)
     B = run.train["batch_size"]
     batch = task.sample(B, gen).to(dev, latent=False)
     losses = []
 
     def step():
-        losses.append(train.update(fwd, model, task, opt, batch, ctx, run.train["grad_clip"])[1].detach())
+        losses.append(optim.update(fwd, model, task, opt, batch, ctx, run.train["grad_clip"])[1].detach())
 
     t, peak = time_and_peak(step, dev, 1, args.steps)  # the warm-up step compiles
     if evaluate:
         n = run.train["eval_samples_during"] if args.dry_run else 250
         r = {}
-        peak = max(peak, time_and_peak(lambda: r.update(train.evaluate(fwd, task, n, 0, dev, ctx, B)), dev, 0, 1)[1])
+        check = lambda: r.update(evaluation.evaluate(fwd, task, n, 0, dev, ctx, B))
+        peak = max(peak, time_and_peak(check, dev, 0, 1)[1])
         if not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):
             raise ValueError("the evaluation's metrics are not finite")
     if fell_back:
@@ -233,7 +237,7 @@ def lengths_cell(args, dev):
     run = gpu_config("hmm", "mamba", "quick", args)
     (model, opt), task = train.build(run, dev), run.tasks["default"]
     _, ctx = runtime.autocast("auto", dev)
-    gen, _ = runtime.data_source(run.train, dev, task)
+    gen, _ = batches.data_source(run.train, dev, task)
     fell_back = []
     fwd = runtime.CompiledOrEager(model, True, fell_back.append)
     counters.clear()
@@ -241,7 +245,7 @@ def lengths_cell(args, dev):
     with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
         for t in (replace(task, K=K) for K in Ks):
             batch = t.sample(8, gen).to(dev, latent=False)
-            fwd.retry(lambda: train.step(fwd, t, opt, batch, ctx))
+            fwd.retry(lambda: optim.step(fwd, t, opt, batch, ctx))
     if fell_back:
         raise ValueError(fell_back[0])
     graphs = counters["stats"]["unique_graphs"]
@@ -292,11 +296,11 @@ def sync_free_step(run, dev):
     """A training step with CUDA's sync detector on: any read of a device value by the host raises. The first step
     sets up CUDA and the optimizer state, which may sync. On another device the steps run unchecked (Skip)."""
     (model, opt), task = train.build(run, dev), run.tasks["default"]
-    gen, _ = runtime.data_source(run.train, dev)
+    gen, _ = batches.data_source(run.train, dev)
     _, ctx = runtime.autocast("auto", dev)
 
     fwd = runtime.CompiledOrEager(model, False)
-    step = lambda b: train.update(fwd, model, task, opt, b, ctx, run.train["grad_clip"])  # train.py's own
+    step = lambda b: optim.update(fwd, model, task, opt, b, ctx, run.train["grad_clip"])  # the training loop's step
 
     step(task.sample(8, gen))
     if dev.type != "cuda":

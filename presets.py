@@ -110,7 +110,7 @@ RESUMABLE = ("out_dir", "device", "dtype", "compile", "max_iters", "stop_at", "p
 # (its best figure where a quick model can reach it: hmm's 0.024 per token; recall's 100% as the 99.9% that 8,000
 # queries can tell; bijection's 0.010 mean-curve of its successful models, the quick transformer ending at 0.0077
 # where the paper's reached 0.007; regression, not in the paper: 0.05 per token), met with its noise allowed for
-# (train.StopRule: by two standard errors over the check's sequences); else a plateau of the held-out KL
+# (evaluation.StopRule: by two standard errors over the check's sequences); else a plateau of the held-out KL
 # (--patience 4); else the cap. Where several models reach the target, their time to it is the comparison
 # (results/table.md); time_to_target.py reads the same targets. The caps (bijection 5,000 steps, hmm 3,000,
 # regression 4,000, recall 1,500) leave the bijection transformer time to meet its task's target: the whole table
@@ -285,17 +285,6 @@ def model_spec(spec):
 
 def model_name(spec):  # in folders (out/<task>_<name>, reproduce.py's cells) and tables: a file's model by its class
     return spec.rpartition(":")[2]
-
-
-def entry_of(spec, preset_model=None):
-    """(the preset entry a model takes, why): its own name's; --preset_model's; a file's class named as a built-in's
-    (a copied mamba.py's Mamba: a fork keeps its row); else None (its config's defaults, or "any model")."""
-    if spec in MODELS:
-        return spec, ""
-    if preset_model:
-        return preset_model, f" (--preset_model {preset_model})"
-    same = [m for m, (_, Model) in MODELS.items() if Model.__name__ == resolve_model(spec)[1].__name__]
-    return (same[0], f" (its class is {same[0]}'s name)") if same else (None, "")
 
 
 # -----------------------------------------------------------------------------

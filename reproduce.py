@@ -42,6 +42,7 @@ import torch
 
 import checkpoints
 from commandline import Parser, cli, is_spec
+import evaluation
 from hardware import describe, machine
 import presets
 import runtime
@@ -440,7 +441,7 @@ def run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus):
             if rc == 0 and r is not None:
                 status[(task, model)] = "finished"
                 m = r["metrics"]["default"]
-                print(f"[{i}/{len(todo)}] {label}: done in {runtime.fmt_time(secs)} | {train.summary(m)}")
+                print(f"[{i}/{len(todo)}] {label}: done in {runtime.fmt_time(secs)} | {evaluation.summary(m)}")
             elif rc is None:  # its folder is another run's (said when it was to start)
                 status[(task, model)] = "failed: its folder is in use by another run"
                 print(f"[{i}/{len(todo)}] {label}: FAILED: its folder is in use by another run")

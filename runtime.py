@@ -95,15 +95,6 @@ def autocast(dtype, device):
     return use_bf16, torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
-def data_source(train, device, task=None):
-    """(generator, chunk): batches are drawn on the generator's device, `chunk` per sampler call. On a GPU a
-    draw is a few hundred tiny kernels whatever its size, so one call per 16 steps makes it cheap. A task that
-    draws in float64 (task.float64) draws on the CPU for a device without float64 (MPS), and the batch moves."""
-    on_gpu = train["data_device"] == "device" or train["data_device"] == "auto" and device.type == "cuda"
-    on_gpu = on_gpu and not (device.type == "mps" and getattr(task, "float64", False))
-    dev = device if on_gpu else torch.device("cpu")
-    chunk = train["data_chunk"] or (16 if dev.type == "cuda" else 1)
-    return torch.Generator(device=dev).manual_seed(train["seed"]), chunk
 
 
 def init_distributed(train, device):
@@ -245,37 +236,6 @@ class CompiledOrEager:
         return getattr(self.net, name)
 
 
-class Optimizers:
-    """Several optimizers over disjoint parameters, stepped as one (--optimizer muon needs two)."""
-
-    def __init__(self, *opts):
-        self.opts = opts
-
-    @property
-    def param_groups(self):  # read anew: load_state_dict replaces an optimizer's group dicts
-        return [g for o in self.opts for g in o.param_groups]
-
-    def zero_grad(self, set_to_none=True):
-        for o in self.opts:
-            o.zero_grad(set_to_none=set_to_none)
-
-    def step(self):
-        for o in self.opts:
-            o.step()
-
-    def state_dict(self):
-        return [o.state_dict() for o in self.opts]
-
-    def load_state_dict(self, states):
-        """Each optimizer's state, keeping its own kernel flags (fused on CUDA): a CPU run resumed on a GPU
-        would otherwise run the checkpoint's unfused loop."""
-        states = [states] if isinstance(states, dict) else states  # checkpoints from before --optimizer
-        if len(states) != len(self.opts):
-            raise ValueError(f"the checkpoint holds {len(states)} optimizer states, this run has {len(self.opts)}")
-        for o, state in zip(self.opts, states):
-            groups = [g | {k: new[k] for k in ("fused", "foreach", "capturable") if k in new}
-                      for g, new in zip(state["param_groups"], o.param_groups)]
-            o.load_state_dict(state | {"param_groups": groups})
 
 
 # -----------------------------------------------------------------------------

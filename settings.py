@@ -26,8 +26,9 @@ import torch
 
 from checkpoints import fits, load_weights, read_checkpoint, set_aside_note
 from commandline import Parser, is_spec, str2bool
-from presets import (CHOICES, HEADER_ROWS, MODELS, PRESETS, RESUMABLE, TRAIN, entry_of, fill_io, model_config,
-                     model_name, model_spec, resolve_model)
+from evaluation import during_seed
+from presets import (CHOICES, HEADER_ROWS, MODELS, PRESETS, RESUMABLE, TRAIN, fill_io, model_config, model_name,
+                     model_spec, resolve_model)
 from tasks import IO_FIELDS, TASKS, make_task, task_class
 
 PICKS = ("task", "model", "preset", "preset_model")  # what a run is of: read first, they decide the other flags
@@ -74,25 +75,40 @@ def task_of(spec, opts):
 # defaults < preset < flags
 
 
-def entries(task, model, preset, preset_model=None):
-    """(train, task options, model options, which entries) of a run before its flags. The task's entry is the
-    preset's entry for it, else its "any task" entry under the task's own defaults; the model's, entry_of's."""
+def entries(task, model, preset, preset_model=None, given=None):
+    """(train, task options, model options, which entries) of a run, then the flags `given` (a dict) in their
+    places. The task's entry is the preset's entry for it, else its "any task" entry under the task's own
+    defaults."""
     ps = PRESETS[preset]
     own = ps.get(task)
     task_entry = own if own is not None else ps.get("any task", {})
-    name, why = entry_of(model, preset_model)
-    names = {f.name for f in fields(resolve_model(model)[0])}
+    TaskCls, (Config, Model) = task_class(task), resolve_model(model)
+    names = {f.name for f in fields(Config)}
+    # a built-in's own name's entry; --preset_model's; a file's class named as a built-in's (a copied mamba.py's
+    # Mamba: a fork keeps its row); else none (its config's defaults, or "any model")
+    same = [m for m, (_, M) in MODELS.items() if M.__name__ == Model.__name__]
+    if model in MODELS:
+        name, why = model, ""
+    elif preset_model:
+        name, why = preset_model, f" (--preset_model {preset_model})"
+    else:
+        name, why = (same[0], f" (its class is {same[0]}'s name)") if same else (None, "")
     if name in task_entry:
         model_opts = dict(task_entry[name])
     else:  # a model without an entry (a file's): the sizes of "any model" (tiny) that its config has
         model_opts = {k: v for k, v in task_entry.get("any model", {}).items() if k in names}
     # a model's own training settings (e.g. its optimizer) sit in its entry, over the task's
-    defaults = {} if own is not None else task_class(task).defaults
+    defaults = {} if own is not None else TaskCls.defaults
     train = {k: d for k, (d, _) in TRAIN.items()} | task_entry.get("train", {}) | defaults | model_opts.pop("train", {})
+    task_opts = dict(task_entry.get("task", {})) if own is not None else {}
+    task_names = {f.name for f in fields(TaskCls)}
+    for k, v in (given or {}).items():  # a flag is the task's option, else the model's, else a training setting
+        if k not in PICKS + ("dry_run",):
+            (task_opts if k in task_names else model_opts if k in names else train)[k] = v
     where = f"{preset}: {task if own is not None else 'any task'}, "
     took = (f"{name}{why}" if name in task_entry else f"{'any model' if model_opts else 'none'} (its config's defaults"
             f"{', tiny sizes' if model_opts else ''}; --preset_model NAME takes a built-in's)")
-    return train, dict(task_entry.get("task", {})) if own is not None else {}, model_opts, where + took
+    return train, task_opts, model_opts, where + took
 
 
 def with_header_rows(task, model_opts):
@@ -104,22 +120,11 @@ def with_header_rows(task, model_opts):
     return model_opts | {"n_pos": getattr(task, "header_len", -1) + 1}
 
 
-def split_flags(cfg, given):
-    """cfg (task, model, preset, train, task_opts, model_opts) with the flags given in their places."""
-    task_names = {f.name for f in fields(task_class(cfg["task"]))}
-    model_names = {f.name for f in fields(resolve_model(cfg["model"])[0])}
-    for k, v in given.items():
-        if k not in PICKS + ("dry_run",):
-            (cfg["task_opts"] if k in task_names else cfg["model_opts"] if k in model_names else cfg["train"])[k] = v
-    return cfg
-
-
 def resolve(known, given):
     """A new run: defaults < preset < flags, every derived value fixed (settle)."""
-    train, task_opts, model_opts, took = entries(known.task, known.model, known.preset, known.preset_model)
-    cfg = split_flags(dict(task=known.task, model=known.model, preset=known.preset, train=train,
-                           task_opts=task_opts, model_opts=model_opts), given)
-    return settle(cfg, took)
+    train, task_opts, model_opts, took = entries(known.task, known.model, known.preset, known.preset_model, given)
+    return settle(dict(task=known.task, model=known.model, preset=known.preset, train=train, task_opts=task_opts,
+                       model_opts=model_opts), took)
 
 
 def run_of(task, model, preset, given=None):
@@ -135,18 +140,19 @@ def settle(cfg, took, saved=None):
     train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task_name(cfg['task'])}_{model_name(cfg['model'])}")
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
+    check_train(train)  # before anything is built from them
     tasks, layout, longest = lengths(cfg["task"], cfg["task_opts"], train)
     task = tasks["default"]
     cfg["model_opts"] = with_header_rows(task, cfg["model_opts"])
     reference = train["match_params"] == -1 and with_header_rows(task, entries(cfg["task"], "transformer",
                                                                                cfg["preset"])[2])
+    curriculum = Curriculum(cfg["task"], cfg["task_opts"], train, layout)
     whole, n_params = model_config(cfg["model"], task, cfg["model_opts"], longest, train["match_params"], reference,
                                    saved)
-    check_train(train)
-    curriculum = Curriculum(cfg["task"], cfg["task_opts"], train, layout)
+    Config, Model = resolve_model(cfg["model"])
     files = {k: cfg[k].rpartition(":")[0] for k in ("task", "model") if is_spec(cfg[k])}
     return Run(cfg["task"], cfg["model"], cfg["preset"], took, train, cfg["task_opts"], cfg["model_opts"], whole,
-               tasks, curriculum, *resolve_model(cfg["model"]), n_params, files, curriculum.note(train))
+               tasks, curriculum, Config, Model, n_params, files, curriculum.note(train))
 
 
 def lengths(spec, task_opts, train):
@@ -238,11 +244,6 @@ def check_train(train):
         raise ValueError(f"--eval_seed_during must be -1 (--eval_seed + 1) or a seed other than --eval_seed "
                          f"({train['eval_seed']}) in [0, 2**63), got {train['eval_seed_during']}")
     check_device(train["device"])
-
-
-def during_seed(train):
-    """The seed of the evaluations during training (--eval_seed_during; -1: --eval_seed + 1)."""
-    return train["eval_seed"] + 1 if train["eval_seed_during"] == -1 else train["eval_seed_during"]
 
 
 def check_device(name):

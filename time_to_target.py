@@ -29,9 +29,12 @@ if __name__ == "__main__":
 
 import torch
 
+import batches
 import checkpoints
 from commandline import Parser, cli
+import evaluation
 from hardware import describe, machine, syncer
+import optim
 import presets
 import runtime
 import settings
@@ -59,9 +62,9 @@ def metric(spec):
 
 def first_reached(history, spec, task_name):
     """(the first history entry that meets spec or None, the best entry)."""
-    target, name = train.parse_stop(spec, make_task(task_name)), metric(spec)
+    target, name = evaluation.parse_stop(spec, make_task(task_name)), metric(spec)
     best = (max if ">=" in spec else min)(history, key=lambda h: h[name]) if history else None
-    return next((h for h in history if train.meets(h, target)), None), best
+    return next((h for h in history if evaluation.meets(h, target)), None), best
 
 
 def target_row(task, r, out_dir, flags):
@@ -210,24 +213,24 @@ def cell_cost(run, threads, steps=4, warmup=2):
         dev = runtime.pick_device(tr["device"])
         torch.manual_seed(tr["seed"])
         model, opt = train.build(run, dev)
-        batches, (_, ctx) = train.Batches(run, dev, 0, 1), runtime.autocast(tr["dtype"], dev)
+        data, (_, ctx) = batches.Batches(run, dev, 0, 1), runtime.autocast(tr["dtype"], dev)
         fwd = runtime.CompiledOrEager(model, False, print)
         t0, sync = None, syncer(dev)
         for i in range(warmup + steps):
             t0 = time.time() if i == warmup else t0
-            batch, stage = batches.get(i)
-            train.update(fwd, model, stage, opt, batch, ctx, tr["grad_clip"])
+            batch, stage = data.get(i)
+            optim.update(fwd, model, stage, opt, batch, ctx, tr["grad_clip"])
             sync()
         t_step, t_eval = (time.time() - t0) / steps, {}
         for name, t in run.tasks.items():
             t0 = time.time()
-            train.evaluate(model, t, 250, 0, dev, ctx)
+            evaluation.evaluate(model, t, 250, 0, dev, ctx)
             t_eval[name] = time.time() - t0
     finally:
         torch.set_num_threads(saved)
     T = tr["max_iters"]
     checks = T // tr["eval_interval"] * tr["eval_samples_during"] / 250 * t_eval["default"]
-    return t_step * batches.steps_left(0, T) + checks + tr["eval_samples"] / 250 * sum(t_eval.values()), t_step
+    return t_step * data.steps_left(0, T) + checks + tr["eval_samples"] / 250 * sum(t_eval.values()), t_step
 
 
 def makespan(costs, jobs):
@@ -344,8 +347,8 @@ def rule_line(rows):
     if not rules:
         return []
     target, patience, cap, every, n = common = max(set(rules), key=rules.count)
-    text = (f"**Stop rule, every cell**: the target {target} (met by {train.StopRule.MARGIN:g} standard errors over "
-            f"the check's {n} sequences), " if target != "none" else "**Stop rule, every cell**: no target; ")
+    text = (f"**Stop rule, every cell**: the target {target} (met by {evaluation.StopRule.MARGIN:g} standard errors "
+            f"over the check's {n} sequences), " if target != "none" else "**Stop rule, every cell**: no target; ")
     text += (f"or a plateau (the held-out KL not 1% below its best in {patience} checks), " if patience else "")
     text += f"or step {cap:,}; checks every {every} steps."
     other = [m for m, r in rows if rule(r) != common]

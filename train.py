@@ -7,9 +7,10 @@ Train any model on any wind tunnel, score it against the exact posterior, save a
     torchrun --nproc_per_node=N train.py ...                        # data-parallel: the same global batch
 
 Settings: defaults < preset < flags, resolved once (settings.py; `--help` shows each flag's value, `--dry_run` the
-whole run). Recipe: AdamW or Muon; warmup, cosine decay, clipping; a fresh seeded batch every step (a growing task
-under --curriculum); held-out checks on sequences of their own end a run at its target or plateau (--stop_at,
---patience); checkpoints; results.json. Plumbing: runtime.py, checkpoints.py.
+whole run). Recipe: AdamW or Muon, warmup, cosine decay, clipping (optim.py); a fresh seeded batch every step, a
+growing task under --curriculum (batches.py); held-out checks on sequences of their own end a run at its target or
+plateau, --stop_at, --patience, and the final evaluation writes results.json (evaluation.py). Plumbing: runtime.py,
+checkpoints.py.
 """
 import json
 import math
@@ -24,12 +25,15 @@ if __name__ == "__main__":
 
 import torch
 
-from checkpoints import checkpoint, code_version, print0, resume, write_json
-from commandline import cli, in_file, is_oom, raised
-from oracles import Broken, Metrics, batch_mae, check, failed
-from runtime import (CompiledOrEager, Optimizers, autocast, check_run_memory, data_parallel, data_source, fmt_time,
-                     global_mean, guarded, native_bf16, oom_hint, prepare_out_dir, say_eta)
-from settings import during_seed, parse_args, start
+from batches import Batches
+from checkpoints import checkpoint, print0, resume
+from commandline import cli, raised
+from evaluation import StopRule, final_eval, held_out, summary
+from optim import get_lr, make_optimizer, update
+from oracles import Broken, batch_mae, check, failed
+from runtime import (CompiledOrEager, autocast, check_run_memory, data_parallel, fmt_time, global_mean, guarded,
+                     native_bf16, prepare_out_dir)
+from settings import parse_args, start
 
 
 def build(run, device):
@@ -42,230 +46,8 @@ def build(run, device):
         if "model" not in run.files:  # a built-in's: a bug of ours, with its traceback
             raise
         raise ValueError(f"--model {run.model}: building it raised {raised(e, run.files['model'])}") from None
-    return model, make_optimizer(model, run.train, device)
-
-
-def make_optimizer(model, train, device):
-    """AdamW with decoupled weight decay on matrices and embeddings, or (--optimizer muon) Muon on the linear maps'
-    weights inside the blocks (muon_params), AdamW on the rest. Muon's update is rescaled to AdamW's RMS (Moonshot's
-    rule): both take one --lr and schedule. `_no_weight_decay` (Mamba's A_log, D): never decayed, never in Muon."""
-    named = list(model.named_parameters())
-    hidden = muon_params(model) if train["optimizer"] == "muon" else set()
-    decays = lambda p: train["weight_decay_on"] == "all" or p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
-    rest = [p for n, p in named if n not in hidden]
-    groups = [dict(params=[p for p in rest if decays(p)], weight_decay=train["weight_decay"]),
-              dict(params=[p for p in rest if not decays(p)], weight_decay=0.0)]
-    betas = (train["beta1"], train["beta2"])
-    try:  # the fused kernel on CUDA, the plain loop elsewhere
-        adamw = torch.optim.AdamW(groups, lr=train["lr"], betas=betas, fused=device.type == "cuda")
-    except (RuntimeError, TypeError):
-        adamw = torch.optim.AdamW(groups, lr=train["lr"], betas=betas)
-    if train["optimizer"] == "adamw":
-        return Optimizers(adamw)
-    if not hasattr(torch.optim, "Muon"):
-        raise ValueError(f"--optimizer muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
-    muon = Muon([p for n, p in named if n in hidden], lr=train["lr"], weight_decay=train["weight_decay"],
-                adjust_lr_fn="match_rms_adamw", ns_dtype=torch.bfloat16 if native_bf16(device) else torch.float32)
-    return Optimizers(adamw, muon)
-
-
-class Muon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):  # torch < 2.9: refused in make_optimizer
-    """torch.optim.Muon with its Newton-Schulz iterations in ns_dtype. torch's own run in bf16, which a CPU without
-    it natively (AVX2-only x86: older, consumer and many cloud CPUs) emulates at 0.9 GFLOP/s against fp32's 62
-    (results/speed.md); so they run in float32 there and in bf16 where it is native, as torch's do (the same
-    update to the bit: tests/test_train.py). The momentum buffer is torch's (state["momentum_buffer"])."""
-
-    def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
-        super().__init__(params, **kw)
-        self.ns_dtype = ns_dtype
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        if self.ns_dtype == torch.bfloat16:
-            return super().step(closure)
-        for group in self.param_groups:
-            for p in (p for p in group["params"] if p.grad is not None):
-                buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"] * 0.2 * math.sqrt(max(p.shape)))  # AdamW's RMS (match_rms_adamw)
-
-
-def newton_schulz(g, coefficients, steps, eps, dtype):
-    """The quintic Newton-Schulz iteration towards the orthogonal factor of g (Jordan et al.), as torch.optim.Muon's,
-    in dtype: X <- a X + (b A + c A^2) X with A = X X^T, from X = g / |g|_F, on the wide orientation."""
-    a, b, c = coefficients
-    x = g.to(dtype)
-    wide = g.size(0) <= g.size(1)
-    x = x if wide else x.T
-    x = x.div(x.norm().clamp(min=eps))
-    for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x if wide else x.T
-
-
-def muon_params(model):
-    """The names of the parameters Muon takes: the 2-D weights of the linear maps (nn.Linear, nn.LSTM) inside the
-    blocks (transformer c_attn, c_proj, c_fc; Mamba in_proj, x_proj, dt_proj, out_proj; LSTM weight_ih, weight_hh;
-    MLP c_fc, c_proj; linear attention c_attn, c_beta, c_proj, c_fc). AdamW keeps embeddings, position tables,
-    read-ins, heads, gains, biases, convolutions, per-head scalars, and Mamba's A_log and D (_no_weight_decay)."""
-    return {f"{mn}.{pn}" for mn, m in model.named_modules()
-            if mn.startswith(("blocks.", "layers.")) and isinstance(m, (torch.nn.Linear, torch.nn.LSTM))
-            for pn, p in m.named_parameters(recurse=False)
-            if p.dim() == 2 and pn.startswith("weight") and not getattr(p, "_no_weight_decay", False)}
-
-
-def get_lr(it, train):
-    """Linear warmup to --lr, cosine down to min_lr_ratio * lr at lr_decay_iters, then flat. `authors`: their
-    scripts' rate, which counts steps from 1 (s = it + 1): s / w of --lr, then the cosine at (s - w) / (T - w)."""
-    w, T = train["warmup_iters"], train["lr_decay_iters"] or train["max_iters"]
-    s, w1 = (it + 1, w) if train.get("lr_schedule") == "authors" else (it, w + 1)
-    if s < w:
-        return train["lr"] * (it + 1) / w1
-    decay = 0.5 * (1 + math.cos(math.pi * min(1.0, (s - w) / max(1, T - w))))
-    return train["lr"] * (train["min_lr_ratio"] + (1 - train["min_lr_ratio"]) * decay)
-
-
-class Batches:
-    """The global batch of step `it` is slice it % chunk of one draw of `chunk` batches; every rank draws
-    the same and trains on its 1/world slice. state(it) is the generator state that redraws step it's batch."""
-
-    def __init__(self, run, device, rank, world):
-        self.gen, self.n = data_source(run.train, device, run.tasks["default"])
-        self.B, self.device, self.rank, self.world = run.train["batch_size"], device, rank, world
-        self.stage = run.curriculum  # the task of each step: the layout it trains on, grown by --curriculum
-        self.chunk = self.chunk_state = None
-
-    def steps_left(self, it, T):
-        """The steps from it to T in units of step it's cost, its sequence length (the ETA): T - it, or more
-        under a curriculum."""
-        return self.stage.tokens(it, T) / self.stage(it).seq_len
-
-    def get(self, it):
-        """Step it's batch, and the task it was drawn from (under a curriculum, that step's stage)."""
-        k, B = it % self.n, self.B
-        if k == 0 or self.chunk is None:  # None: resumed mid-chunk, with the generator at the chunk's start
-            self.chunk_state = self.gen.get_state()
-            self.chunk_task = self.stage(it - k)
-            self.chunk = self.chunk_task.sample(B * self.n, self.gen)
-        batch = self.chunk.map(lambda t: t[k * B:(k + 1) * B]) if self.n > 1 else self.chunk
-        if self.world > 1:
-            per = B // self.world
-            batch = batch.map(lambda t: t[self.rank * per:(self.rank + 1) * per])
-        if batch.x.device.type == "cpu" and self.device.type == "cuda":  # from pinned memory the copy is asynchronous
-            batch = batch.map(lambda t: t.pin_memory().to(self.device, non_blocking=True), latent=False)
-        # the oracle's float64 latents stay on the CPU (MPS has no float64)
-        return batch.to(self.device, latent=False), self.chunk_task
-
-    def state(self, it):
-        return self.gen.get_state() if it % self.n == 0 else self.chunk_state
-
-# -----------------------------------------------------------------------------
-# when a run's held-out evaluations end it: --stop_at, --patience
-
-RANGE = dict(accuracy=(0.0, 1.0))  # the values a metric can take (the others: [0, inf), bits)
-
-
-def parse_stop(spec, task):
-    """--stop_at: 'metric<=x' or 'metric>=x' -> (metric, op, x), or None for ''; a target no run can meet (accuracy
-    >= 2, kl <= -1) is refused."""
-    if not spec:
-        return None
-    m = re.fullmatch(r"(mae_curve|mae_token|kl|accuracy)(<=|>=)([0-9.eE+-]+)", spec.replace(" ", ""))
-    try:
-        x = float(m.group(3)) if m else None
-    except ValueError:
-        x = None
-    if x is not None and not math.isfinite(x):
-        raise ValueError(f"--stop_at {spec!r}: the threshold must be a finite number, got {x}")
-    if x is None:
-        raise ValueError(f"--stop_at {spec!r}: expected METRIC<=X or METRIC>=X with METRIC one of "
-                         "mae_curve, mae_token, kl, accuracy and X a finite number")
-    name, op = m.group(1), m.group(2)
-    if name == "accuracy" and task.gaussian:
-        raise ValueError(f"--stop_at {spec!r}: {task.name} has no accuracy; use mae_curve, mae_token or kl")
-    lo, hi = RANGE.get(name, (0.0, math.inf))
-    if x < lo if op == "<=" else x > hi:
-        raise ValueError(f"--stop_at {spec!r}: {name} is in [{lo:g}, {hi:g}], so no run can meet it")
-    return name, op, x
-
-
-def meets(r, target, margin=0.0):
-    """Whether the metrics r meet target (metric, op, x), by `margin` of the metric's standard errors."""
-    name, op, x = target
-    v, se = r[name], margin * r.get(f"{name}_se", 0.0)
-    return v + se <= x if op == "<=" else v - se >= x
-
-
-class StopRule:
-    """When a run's held-out evaluations end it: at --stop_at's target, met by two standard errors over the check's
-    sequences (their noise allowed for: a check of 500 sequences that reads 99.9% when the model has 99.85% does
-    not stop it), or after --patience evaluations in a row whose KL is not 1% below the best before them (the
-    evaluations reuse one set of sequences, so a change is the model's). rule(r) -> why to stop now, or None; a
-    resumed run's history is counted first."""
-    MARGIN = 2.0
-
-    def __init__(self, train, task, history=()):
-        self.spec, self.target, self.patience = train["stop_at"], parse_stop(train["stop_at"], task), train["patience"]
-        self.what = " or ".join([self.spec] * bool(self.spec) + ["a plateau"] * bool(self.patience))  # for eta lines
-        self.best, self.since = math.inf, 0
-        for r in history:
-            self(r)
-        self.reason = None
-
-    def __call__(self, r):
-        self.best, self.since = (r["kl"], 0) if r["kl"] < 0.99 * self.best else (self.best, self.since + 1)
-        self.reason = None
-        if self.target is not None and meets(r, self.target, self.MARGIN):
-            self.reason = f"reached {self.spec}"
-        elif self.patience and self.since >= self.patience:
-            self.reason = f"plateau: KL not 1% below {self.best:.4g} in {self.patience} evaluations"
-        return self.reason
-
-
-@torch.no_grad()
-def evaluate(model, task, n_samples, seed, device, ctx, per_pass=250, batch_size=250, flag="--eval_samples"):
-    """Metrics on n_samples held-out sequences drawn from a fixed seed, batch_size at a time; the forward pass
-    takes at most per_pass of them (--eval_batch_size), which changes the memory, not the sequences. Its memory
-    stays that of one draw however many there are; an evaluation of more than a minute says how long, naming flag."""
-    model.eval()
-    g, m, t0 = torch.Generator().manual_seed(seed), Metrics(), time.time()
-    for i in range(0, n_samples, batch_size):
-        if i == batch_size:
-            say_eta(flag, n_samples, i, n_samples, t0)
-        batch = task.sample(min(batch_size, n_samples - i), g)
-        with ctx, oom_hint(f"at evaluation (try a smaller --eval_batch_size; it was {per_pass})"):
-            out = torch.cat([model(x.to(device)).float() for x in batch.x.tensor_split(-(-len(batch.x) // per_pass))])
-        m.update(task, batch, out)
-    model.train()
-    return m.result(task)
-
-
-def summary(r):
-    s = f"mae_curve {r['mae_curve']:.4f} | mae_token {r['mae_token']:.4f} | kl {r['kl']:.4f}"
-    return s + (f" | acc {r['accuracy']:.4f} (bayes {r['oracle_accuracy']:.4f})" if "accuracy" in r else "")
-
-
-def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
-    """Rank 0's verdict at a step that saves (proc.due), and the held-out metrics (without curves) it rests on:
-    ("diverged", None) if the parameters or metrics are not finite (said), ("reached", metrics, why under "stopped")
-    where the stop rule ends the run, else ("go on", metrics; None at a snapshot). state(): ckpt.pt, saved first."""
-    if not all(torch.isfinite(p).all() for p in model.parameters()):
-        proc.diverged("parameters are not finite", proc.step)
-        return "diverged", None
-    if not at_eval:
-        return "go on", None
-    proc.save_first(state)
-    r = evaluate(fwd, task, train["eval_samples_during"], during_seed(train), proc.device, ctx, proc.eval_batch,
-                 flag="--eval_samples_during")
-    if not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):
-        proc.diverged("held-out metrics are not finite", proc.step)
-        return "diverged", None
-    r = {k: v for k, v in r.items() if not isinstance(v, list)}
-    return ("reached", r | {"stopped": stop.reason}) if stop(r) else ("go on", r)
+    ns_dtype = torch.bfloat16 if native_bf16(device) else torch.float32  # Muon's Newton-Schulz (optim.Muon)
+    return model, make_optimizer(model, run.train, device, ns_dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -275,17 +57,18 @@ def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
 def train_loop(run, proc, resume_state=None, eval_only=False):
     """The run on this process (proc: its device, rank and checkpoints); exit code 0, or 1 if it diverged."""
     train, T, device, cfg = run.train, run.train["max_iters"], proc.device, run.record
+    task = run.tasks["default"]
+    # a resumed run's evaluations count towards its plateau; a --stop_at no run can meet is refused before anything
+    stop = StopRule(train, task, resume_state["history"] if resume_state else ())
     torch.manual_seed(train["seed"])
     model, opt = build(run, device)
-    task = run.tasks["default"]
     use_bf16, ctx = autocast(train["dtype"], device)
-    batches = Batches(run, device, proc.rank, proc.world)
-    out_dir = prepare_out_dir(train, resume_state is not None, proc)
-    proc.record = run.description  # config.json, beside the first ckpt.pt
-    it, elapsed, history = resume(resume_state, model, opt, batches, device, train)
-    stop = StopRule(train, task, history)  # a resumed run's evaluations count towards its plateau
-    fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)
+    fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)  # the same parameters
     eval_fwd = model if proc.world > 1 else fwd  # the bare model: no gradient hooks, no collectives
+    out_dir = prepare_out_dir(train, resume_state is not None, proc)
+    batches = Batches(run, device, proc.rank, proc.world)
+    proc.record = run.description  # config.json, beside the first ckpt.pt
+    it, elapsed, history = resume(resume_state, model, opt, batches, device, train)  # into them, in place
     print0(f"{run.task} x {run.model} | {model.num_params():,} params | device {device}"
            f"{' bf16' * use_bf16} | out {out_dir} | preset {run.entries}")
     t_start = t_log = time.time()
@@ -296,10 +79,10 @@ def train_loop(run, proc, resume_state=None, eval_only=False):
         print0(f"train.py: error: {out_dir}: its weights are not finite (step {it})", file=sys.stderr)
         return 1
     while it < T and not eval_only:
+        batch, stage = batches.get(it)
         lr = get_lr(it, train)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch, stage = batches.get(it)
         out, loss = update(fwd, model, stage, opt, batch, ctx, train["grad_clip"], run.files.get("model"), run.model)
         it = proc.step = it + 1
         at_log, at_eval = it % train["log_interval"] == 0 or it == T, it % train["eval_interval"] == 0 or it == T
@@ -334,61 +117,6 @@ def train_loop(run, proc, resume_state=None, eval_only=False):
     if proc.alone():
         final_eval(run, eval_fwd, proc, ctx, it, history, elapsed + time.time() - t_start, stop, eval_only)
     return 0
-
-
-def step(fwd, task, opt, batch, ctx):
-    """Forward, loss and backward: the compiled backward graph is built, and may fail, at the first backward."""
-    with ctx:
-        loss = task.loss(out := fwd(batch.x), batch)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    return out, loss
-
-
-def update(fwd, model, task, opt, batch, ctx, grad_clip, file=None, spec=""):
-    """One training step: step() (once more eager if compiling failed), the gradient clipped to grad_clip
-    (0 = off), the optimizer's update. fwd: the model as called (compiled, data-parallel); model: its parameters.
-    A model of a file (--model spec) whose forward raises is one line naming its file and line; one whose output
-    carries no gradient (detached, cast to integers, no parameters) is refused, not trained on silently."""
-    try:
-        out, loss = fwd.retry(lambda: step(fwd, task, opt, batch, ctx))
-    except Exception as e:
-        if file is None or is_oom(e):
-            raise
-        if "does not require grad" in str(e):
-            raise ValueError(f"--model {spec}: its output has no gradient (detached, not a float, or no parameters "
-                             f"before it): nothing would train") from None
-        if not in_file(e, file):  # ours (the output's shape refused): its own line
-            raise
-        raise ValueError(f"--model {spec}: its forward raised {raised(e, file)}") from None
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    opt.step()
-    return out, loss
-
-
-def final_eval(run, model, proc, ctx, it, history, wall, stop, eval_only):
-    """The held-out metrics at every evaluated length, into results.json (eval.json for --eval_only), with how the
-    run stopped; a run stopped at its target on the checks that misses it on these sequences says so."""
-    train, metrics, device = run.train, {}, proc.device
-    for name, t in run.tasks.items():
-        metrics[name] = evaluate(model, t, train["eval_samples"], train["eval_seed"], device, ctx, proc.eval_batch)
-        print0(f"final {name} ({train['eval_samples']} held-out sequences): {summary(metrics[name])}")
-    last = history[-1] if history and history[-1].get("iter") == it else {}
-    why = last.get("stopped") or ("its schedule's end" if it >= train["max_iters"] else "not trained on")
-    meets_final = meets(metrics["default"], stop.target) if stop.target else None
-    stopped = dict(why=why, step=it, target=train["stop_at"] or None, final_meets_target=meets_final)
-    results = dict(task=run.task, model=run.model, preset=run.preset, config=run.record,
-                   model_config=run.model_config, task_options=run.tasks["default"].options(),
-                   n_params=model.num_params(), iters=it, metrics=metrics, stop=stopped, history=history,
-                   wall_time_s=wall, device=str(device), seed=train["seed"], code_version=code_version(),
-                   torch_version=torch.__version__)
-    path = os.path.join(train["out_dir"], "eval.json" if eval_only else "results.json")
-    write_json(path, results)
-    name = stop.target and stop.target[0]
-    miss = (f" | {why} on the checks at step {it}, but the final evaluation misses it: {name} "
-            f"{metrics['default'][name]:.4f}" if why.startswith("reached") and meets_final is False else "")
-    print0(f"wrote {path} | wall time {fmt_time(wall)}{miss}")
 
 
 def check_task(run, n_seq=1000, pairs=8):

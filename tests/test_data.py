@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import batches
 import hardware
 import tasks
 import presets
@@ -199,9 +200,9 @@ def test_memory_can_skip_the_checks_that_read_values_back():
 
 def test_batches_are_drawn_on_the_cpu_unless_training_on_a_gpu():
     run = settings.run_of("hmm", "transformer", "quick", {})
-    gen, chunk = runtime.data_source(run.train, torch.device("cpu"))
+    gen, chunk = batches.data_source(run.train, torch.device("cpu"))
     assert gen.device.type == "cpu" and chunk == 1
-    gen, chunk = runtime.data_source(run.train | dict(data_device="device", data_chunk=3), torch.device("cpu"))
+    gen, chunk = batches.data_source(run.train | dict(data_device="device", data_chunk=3), torch.device("cpu"))
     assert gen.device.type == "cpu" and chunk == 3
 
 

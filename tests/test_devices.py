@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 import bench
 import checkpoints
 import hardware
+import optim
 import reproduce
 import runtime
 import train
@@ -242,7 +243,7 @@ def test_a_resumed_optimizer_keeps_its_own_kernel():
     model(torch.randn(2, 4)).sum().backward()
     before.step()
     fused = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
-    runtime.Optimizers(fused).load_state_dict(before.state_dict())
+    optim.Optimizers(fused).load_state_dict(before.state_dict())
     assert fused.param_groups[0]["fused"] is True
     assert torch.equal(fused.state[model.weight]["exp_avg"], before.state[model.weight]["exp_avg"])
     fused.step()  # the fused kernel accepts the state it was given
@@ -316,7 +317,7 @@ def test_reproduce_keeps_an_inherited_cuda_visible_devices(tmp_path, monkeypatch
 
 
 RANK_FAILS = """
-import sys, torch, runtime, train
+import sys, torch, evaluation, runtime, train
 rank, where = int(sys.argv[1]), sys.argv[2]
 if rank == 0 and where == "evaluation":  # out of memory in rank 0's first evaluation (the others wait for its word)
     real = train.build
@@ -330,7 +331,7 @@ if rank == 0 and where == "evaluation":  # out of memory in rank 0's first evalu
 if rank == 0 and where == "results":  # a full disk when rank 0 writes results.json (the others wait to finish)
     def write_json(path, obj):
         raise OSError(28, "No space left on device", path)
-    train.write_json = write_json
+    evaluation.write_json = write_json
 sys.exit(train.main(sys.argv[3:]))
 """
 

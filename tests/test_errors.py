@@ -13,6 +13,7 @@ import torch
 
 import checkpoints
 import commandline
+import evaluation
 import oracles
 import presets
 import runtime
@@ -64,7 +65,7 @@ def test_a_negative_max_iters_is_named_as_itself(capsys):
 @pytest.mark.parametrize("spec", ["accuracy>=1e400", "kl<=-1e999"])
 def test_stop_at_refuses_an_infinite_threshold(spec):
     with pytest.raises(ValueError, match="finite"):
-        train.parse_stop(spec, None)
+        evaluation.parse_stop(spec, None)
 
 
 # bench.py and hardware.py: refused at parse time, naming the flag (exit 2)
@@ -248,7 +249,8 @@ def test_a_long_evaluation_says_how_long(monkeypatch, capsys):
         def forward(self, x):
             return torch.zeros(*x.shape, task.V)
     model = Flat()
-    train.evaluate(model, task, 2000, 0, torch.device("cpu"), contextlib.nullcontext(), flag="--eval_samples_during")
+    evaluation.evaluate(model, task, 2000, 0, torch.device("cpu"), contextlib.nullcontext(),
+                        flag="--eval_samples_during")
     assert "--eval_samples_during 2000: about" in capsys.readouterr().out
 
 

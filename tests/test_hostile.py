@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cli import exit_code
+import evaluation
 import settings
 import commandline
 import mamba
@@ -100,7 +101,7 @@ def test_bad_settings_are_one_line(capsys, argv, want):
 def test_stop_at_refuses_a_bound_that_overflows_to_infinity(capsys):
     # float("1e400") is inf: accepted, the run could never stop early (while mae_curve<=inf was refused)
     with pytest.raises(ValueError, match="a finite number"):
-        train.parse_stop("accuracy>=1e400", tasks.make_task("recall"))
+        evaluation.parse_stop("accuracy>=1e400", tasks.make_task("recall"))
     assert run_main(["--stop_at", "accuracy>=1e400"] + NOWHERE) == 2
     one_line(capsys, "--stop_at 'accuracy>=1e400'")
 

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from cli import exit_code
+import optim
 import settings
 import train
 
@@ -182,7 +183,7 @@ def test_a_checkpoint_whose_model_file_moved_says_the_file_is_gone(tmp_path, cap
 @pytest.mark.parametrize("curriculum", [[], ["--curriculum", "L=2"]])
 def test_a_schedule_of_10_23_steps_prints_its_first_line_at_once(tmp_path, capsys, monkeypatch, curriculum):
     """The ETA counts the steps left in closed form: before, it summed over every one and never printed."""
-    real = train.get_lr
+    real = optim.get_lr
 
     def stop_at_the_second_step(it, t):
         if it == 1:

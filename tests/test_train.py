@@ -13,6 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import batches
+import evaluation
+import optim
 import runtime
 import tasks
 import oracles
@@ -246,10 +249,10 @@ def test_a_stop_on_the_checks_that_the_final_evaluation_misses_says_so(tmp_path,
     """The checks' sequences are not the final evaluation's: a run stopped on them that misses its target on the
     final sequences says so in its last line and in results.json (a check made to read 100% stands for the luck of
     a small one)."""
-    real = train.evaluate
+    real = evaluation.evaluate
     lucky = lambda model, task, n, *a, **kw: real(model, task, n, *a, **kw) | (
         dict(accuracy=1.0, accuracy_se=0.0) if kw.get("flag") == "--eval_samples_during" else {})
-    monkeypatch.setattr(train, "evaluate", lucky)
+    monkeypatch.setattr(evaluation, "evaluate", lucky)
     argv = ["--preset", "tiny", "--max_iters", "8", "--eval_interval", "2", "--out_dir", str(tmp_path)]
     assert run_main(argv + ["--stop_at", "accuracy>=0.2"]) == 0
     r = json.load(open(tmp_path / "results.json"))
@@ -262,7 +265,7 @@ def test_a_stop_on_the_checks_that_the_final_evaluation_misses_says_so(tmp_path,
 
 
 def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp_path, monkeypatch, capsys):
-    calls, real = [], train.evaluate
+    calls, real = [], evaluation.evaluate
 
     def spy(model, task, n_samples, seed, *a, **kw):
         r = real(model, task, n_samples, seed, *a, **kw)
@@ -271,7 +274,7 @@ def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp
             r["accuracy"] = [0.5, 0.9995][sum(c[0] == 10 for c in calls) - 1]
             r["accuracy_se"] = 0.0002  # met by two standard errors: 0.9995 - 0.0004 >= 0.999
         return r
-    monkeypatch.setattr(train, "evaluate", spy)
+    monkeypatch.setattr(evaluation, "evaluate", spy)
     argv = ["--task", "recall", "--n_pairs", "4", "--n_queries", "2", "--key_vocab", "8", "--value_vocab", "8",
             "--filler", "2", "--n_layer", "1", "--d_model", "16", "--n_head", "2", "--batch_size", "8",
             "--max_iters", "12", "--eval_interval", "4", "--log_interval", "4", "--eval_samples", "20",
@@ -294,18 +297,18 @@ def test_checks_during_training_draw_sequences_of_their_own_and_stop_the_run(tmp
 def test_a_plateau_ends_a_run_and_a_target_is_met_by_two_standard_errors():
     """--patience N: N evaluations in a row whose KL is not 1% below the best before them end the run; a resumed run
     counts the evaluations it had. A target counts as met where it holds by two standard errors of the check."""
-    rule = train.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"))
+    rule = evaluation.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"))
     assert [rule(dict(kl=k)) for k in (1.0, 0.5, 0.496, 0.4)] == [None, None, None, None]  # 0.496: not 1% better
     assert rule(dict(kl=0.399)) is None and rule(dict(kl=0.398)).startswith("plateau: KL not 1% below 0.4 in 2")
-    resumed = train.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"),
+    resumed = evaluation.StopRule(dict(stop_at="", patience=2), tasks.make_task("bijection"),
                              [dict(kl=0.4), dict(kl=0.399)])
     assert resumed(dict(kl=0.398)) is not None and resumed.what == "a plateau"
-    target = train.StopRule(dict(stop_at="mae_curve<=0.01", patience=0), tasks.make_task("bijection"))
+    target = evaluation.StopRule(dict(stop_at="mae_curve<=0.01", patience=0), tasks.make_task("bijection"))
     assert [target(dict(kl=1.0, mae_curve=0.5)) for _ in range(9)] == [None] * 9
     assert target(dict(kl=1.0, mae_curve=0.01)) == "reached mae_curve<=0.01"
     assert target(dict(kl=1.0, mae_curve=0.009, mae_curve_se=0.001)) is None  # 0.009 + 2 x 0.001 > 0.01
     assert target(dict(kl=1.0, mae_curve=0.007, mae_curve_se=0.001)) == "reached mae_curve<=0.01"
-    acc = train.StopRule(dict(stop_at="accuracy>=0.999", patience=0), tasks.make_task("recall"))
+    acc = evaluation.StopRule(dict(stop_at="accuracy>=0.999", patience=0), tasks.make_task("recall"))
     assert acc(dict(kl=1.0, accuracy=0.9995, accuracy_se=0.0004)) is None  # 99.95% - 2 x 0.04% < 99.9%
     assert acc(dict(kl=1.0, accuracy=1.0, accuracy_se=0.0)) == "reached accuracy>=0.999"
 
@@ -417,13 +420,13 @@ def test_every_flag_shows_the_value_the_run_takes(preset):
 
 def test_schedule_warms_up_decays_by_cosine_and_stays_at_the_minimum():
     t = dict(lr=1e-3, min_lr_ratio=0.1, warmup_iters=10, max_iters=100, lr_decay_iters=110)
-    lrs = [train.get_lr(i, t) for i in range(130)]
+    lrs = [optim.get_lr(i, t) for i in range(130)]
     assert lrs[0] == pytest.approx(1e-3 / 11) and lrs[9] == pytest.approx(1e-3 * 10 / 11)  # linear warmup
     assert all(a < b for a, b in zip(lrs[:10], lrs[1:11])) and lrs[10] == pytest.approx(1e-3)  # the peak
     assert all(a > b for a, b in zip(lrs[10:110], lrs[11:111]))  # decays...
     assert lrs[60] == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # ...by a cosine: halfway at the middle
     assert lrs[110:] == pytest.approx([1e-4] * 20)  # then stays at min_lr_ratio * lr
-    assert train.get_lr(99, t | dict(lr_decay_iters=0)) < train.get_lr(99, t)  # 0 = decay over max_iters
+    assert optim.get_lr(99, t | dict(lr_decay_iters=0)) < optim.get_lr(99, t)  # 0 = decay over max_iters
 
 
 @pytest.mark.parametrize("flag", [["--task", "hmm"], ["--model", "lstm"], ["--preset", "paper"]])
@@ -492,8 +495,8 @@ def test_train_all_queries_trains_on_every_key_and_evaluates_the_task(tmp_path):
     task, mc = run.tasks["default"], run.model_config
     every = task.all_queries()
     assert mc["block_size"] == every.seq_len > task.seq_len  # the learned table covers the longer training sequences
-    batches = train.Batches(run, torch.device("cpu"), 0, 1)
-    batch, stage = batches.get(0)
+    data = batches.Batches(run, torch.device("cpu"), 0, 1)
+    batch, stage = data.get(0)
     assert stage == every and batch.mask.sum(1).eq(6).all()
     assert run_main(argv) == 0
     r = json.loads((tmp_path / "results.json").read_text())
@@ -507,15 +510,15 @@ def test_train_all_queries_curriculum_may_start_below_the_evaluations_queries():
     opts = dict(n_pairs=6, n_queries=3, key_vocab=8, value_vocab=8, filler=2)
     run = settings.run_of("recall", "transformer", "quick", opts | dict(
         curriculum="n_pairs=2", max_iters=10, batch_size=4, train_all_queries=True))
-    batches = train.Batches(run, torch.device("cpu"), 0, 1)
-    (first, s0), (last, s9) = batches.get(0), batches.get(9)
+    data = batches.Batches(run, torch.device("cpu"), 0, 1)
+    (first, s0), (last, s9) = data.get(0), data.get(9)
     assert (s0.n_pairs, s0.n_queries, s9.n_pairs, s9.n_queries) == (2, 2, 6, 6)
     assert first.mask.sum(1).eq(2).all() and last.mask.sum(1).eq(6).all()
     # the ETA counts the steps left in units of this step's cost, which grows with the sequences
-    lengths = [batches.stage(it).seq_len for it in range(10)]
-    assert batches.steps_left(0, 10) == pytest.approx(sum(lengths) / lengths[0]) and batches.steps_left(0, 10) > 10
-    assert batches.steps_left(9, 10) == 1 and batches.steps_left(10, 10) == 0
-    flat = train.Batches(settings.run_of("recall", "transformer", "quick", opts | dict(max_iters=10)),
+    lengths = [data.stage(it).seq_len for it in range(10)]
+    assert data.steps_left(0, 10) == pytest.approx(sum(lengths) / lengths[0]) and data.steps_left(0, 10) > 10
+    assert data.steps_left(9, 10) == 1 and data.steps_left(10, 10) == 0
+    flat = batches.Batches(settings.run_of("recall", "transformer", "quick", opts | dict(max_iters=10)),
                          torch.device("cpu"), 0, 1)
     assert flat.steps_left(3, 10) == 7
     with pytest.raises(ValueError, match="refuses its first stage"):  # without the option the stage is refused
@@ -583,8 +586,8 @@ def test_evaluation_splits_only_the_forward_pass_and_every_figure_stays(model):
     (net, _), task = train.build(run, torch.device("cpu")), run.tasks["default"]
     sizes, forward = [], net.forward
     net.forward = lambda x: sizes.append(len(x)) or forward(x)
-    ev = lambda per_pass: train.evaluate(net, task, 300, 7, torch.device("cpu"), torch.autocast("cpu", enabled=False),
-                                         per_pass)
+    ev = lambda per_pass: evaluation.evaluate(net, task, 300, 7, torch.device("cpu"),
+                                              torch.autocast("cpu", enabled=False), per_pass)
     whole = ev(250)
     assert sizes == [250, 50]
     sizes.clear()
@@ -650,14 +653,14 @@ def test_the_authors_preset_builds_their_recipe_and_model():
     # their rate at every step: step s = it + 1, lr s / 2000 in the warm-up, then the cosine to 0 at 50,000
     lr_at = lambda s: 3e-4 * s / 2000 if s < 2000 else 3e-4 * 0.5 * (1 + math.cos(math.pi * (s - 2000) / 48_000))
     for it in (0, 1, 1998, 1999, 2000, 2500, 25_000, 49_999):
-        assert train.get_lr(it, t) == pytest.approx(lr_at(it + 1), rel=1e-12, abs=1e-15)
+        assert optim.get_lr(it, t) == pytest.approx(lr_at(it + 1), rel=1e-12, abs=1e-15)
     snapshots = runtime.Proc(torch.device("cpu"), 0, 1, t).snapshots
     assert sorted(snapshots)[:12] == [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1500, 2000]
     assert {5000, 6000, 10_000, 15_000, 50_000} <= snapshots and len(snapshots) == 31
 
 
 def test_muon_newton_schulz_in_float32_where_bf16_is_not_native():
-    """train.Muon: with ns_dtype bfloat16 the update is torch.optim.Muon's to the bit (it is its step); in float32,
+    """optim.Muon: with ns_dtype bfloat16 the update is torch.optim.Muon's to the bit (it is its step); in float32,
     the same iteration, close to it in float64 (not bf16's rounding)."""
     torch.manual_seed(0)
     ws = [torch.nn.Parameter(torch.randn(12, 7)), torch.nn.Parameter(torch.randn(5, 9))]
@@ -672,11 +675,11 @@ def test_muon_newton_schulz_in_float32_where_bf16_is_not_native():
                 p.grad = g.clone()
             opt.step()
         return [p.detach() for p in params]
-    torch_, ours_bf16 = after(torch.optim.Muon), after(train.Muon, torch.bfloat16)
+    torch_, ours_bf16 = after(torch.optim.Muon), after(optim.Muon, torch.bfloat16)
     assert all(torch.equal(a, b) for a, b in zip(torch_, ours_bf16))
-    ours_fp32 = after(train.Muon, torch.float32)
-    ref = [train.newton_schulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7, torch.float64) for g in grads]
-    one = after(train.Muon, torch.float32, steps=1)
+    ours_fp32 = after(optim.Muon, torch.float32)
+    ref = [optim.newton_schulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7, torch.float64) for g in grads]
+    one = after(optim.Muon, torch.float32, steps=1)
     for w, r, o in zip(ws, ref, one):  # one step from zero momentum: w (1 - lr wd) - lr 0.2 sqrt(max) NS(g)
         want = w * (1 - 0.02 * 0.01) - 0.02 * 0.2 * max(w.shape) ** 0.5 * r.float()
         assert torch.allclose(o, want, atol=1e-5)
