@@ -63,12 +63,13 @@ def train_loop(run, proc, resume_state=None, eval_only=False):
     torch.manual_seed(train["seed"])
     model, opt = build(run, device)
     use_bf16, ctx = autocast(train["dtype"], device)
-    fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)  # the same parameters
+    # the wrappers hold the model's own parameters: resume() below loads the checkpoint into them in place
+    fwd = CompiledOrEager(data_parallel(model, device, proc.world), train["compile"], print0)
     eval_fwd = model if proc.world > 1 else fwd  # the bare model: no gradient hooks, no collectives
     out_dir = prepare_out_dir(train, resume_state is not None, proc)
     batches = Batches(run, device, proc.rank, proc.world)
     proc.record = run.description  # config.json, beside the first ckpt.pt
-    it, elapsed, history = resume(resume_state, model, opt, batches, device, train)  # into them, in place
+    it, elapsed, history = resume(resume_state, model, opt, batches, device, train)
     print0(f"{run.task} x {run.model} | {model.num_params():,} params | device {device}"
            f"{' bf16' * use_bf16} | out {out_dir} | preset {run.entries}")
     t_start = t_log = time.time()
