@@ -86,12 +86,12 @@ def entries(task, model, preset, preset_model=None, given=None):
     names = {f.name for f in fields(Config)}
     # a built-in's own name's entry; --preset_model's; a file's class named as a built-in's (a copied mamba.py's
     # Mamba: a fork keeps its row); else none (its config's defaults, or "any model")
-    same = [m for m, (_, M) in MODELS.items() if M.__name__ == Model.__name__]
     if model in MODELS:
         name, why = model, ""
     elif preset_model:
         name, why = preset_model, f" (--preset_model {preset_model})"
     else:
+        same = [m for m, (_, M) in MODELS.items() if M.__name__ == Model.__name__]
         name, why = (same[0], f" (its class is {same[0]}'s name)") if same else (None, "")
     if name in task_entry:
         model_opts = dict(task_entry[name])

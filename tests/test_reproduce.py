@@ -150,11 +150,11 @@ def test_ctrl_c_stops_the_sweep_with_one_line_on_the_console(tmp_path):
     """The cell's own line goes to its train.log; the console gets the sweep's."""
     p = subprocess.Popen([sys.executable, "reproduce.py", "--preset", "tiny", "--tasks", "bijection", "--models",
                           "transformer,mlp", "--out", str(tmp_path / "o"), "--jobs", "1",
-                           "--", "--max_iters", "100000"],
+                           "--", "--max_iters", "100000", "--stop_at", "", "--patience", "0"],  # no early end
                          cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=os.environ | {"OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c_as_in_a_terminal)
-    log = tmp_path / "o" / "tiny+max_iters=100000" / "bijection_transformer" / "train.log"
+    log = tmp_path / "o" / "tiny+max_iters=100000+stop_at=+patience=0" / "bijection_transformer" / "train.log"
     while p.poll() is None and not (log.exists() and "eval step" in log.read_text()):  # the first checkpoint
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
