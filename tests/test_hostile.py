@@ -571,7 +571,8 @@ def test_a_signal_while_torch_loads_is_one_line(tmp_path, sig):
 
 
 def test_two_quick_ctrl_cs_are_one_report_and_exit_code_2(tmp_path):
-    p = start(TINY_RUN[:-8] + ["--max_iters", "1000000", "--eval_interval", "20", "--eval_samples_during", "10"],
+    p = start(TINY_RUN[:-8] + ["--max_iters", "1000000", "--eval_interval", "20", "--eval_samples_during", "10",
+                               "--stop_at", "", "--patience", "0"],  # no early end
               tmp_path)
     while not (tmp_path / "run" / "ckpt.pt").exists():  # training, past its first checkpoint
         time.sleep(0.05)

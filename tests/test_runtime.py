@@ -222,7 +222,8 @@ def test_unusable_out_dir_is_a_one_line_error(tmp_path, capsys, where):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_in_a_real_process_is_one_line_saying_what_was_kept(tmp_path, sig):
     argv = [sys.executable, "train.py"] + TINY + ["--max_iters", "100000", "--eval_interval", "5",
-                                                  "--log_interval", "5", "--out_dir", str(tmp_path)]
+                                                  "--log_interval", "5", "--out_dir", str(tmp_path),
+                                                  "--stop_at", "", "--patience", "0"]  # no early end
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=os.environ | {"OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c_as_in_a_terminal)
     seen = False
