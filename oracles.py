@@ -204,15 +204,16 @@ class Metrics:
     def update(self, task, batch, out):
         m = batch.mask.cpu()
         B, Q = m.shape[0], int(m[0].sum())
+        post = oracle(task, batch)
         # on the CPU first (MPS has no float64); of a head over every token, the answers' logits
         out = task.answers(task.check_output(out, m.shape).detach().cpu().double())
         if task.gaussian:
-            mean, var = oracle(task, batch)
+            mean, var = post
             q_mean, q_var = out[..., 0][m], out[..., 1][m].exp()
             H_model, H_oracle = gaussian_entropy_bits(q_var), gaussian_entropy_bits(var[m])
             kl = gaussian_kl_bits(mean[m], var[m], q_mean, q_var)
         else:
-            p = oracle(task, batch)[m]
+            p = post[m]
             log_q = F.log_softmax(out[m], -1)
             H_model, H_oracle = entropy_bits(log_q.exp()), entropy_bits(p)
             kl = (p * (torch.where(p > 0, p.log(), torch.zeros_like(p)) - log_q)).sum(-1) / LOG2

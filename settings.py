@@ -206,13 +206,13 @@ def resumed(state, known, given, out_dir):
 
 
 def start(known, given):
-    """(the Run a command line asks for, the checkpoint it continues or None): a new run, or --resume and
-    --eval_only's checkpoint in --out_dir with its flags."""
-    if not (given.get("resume") or given.get("eval_only")):
-        return resolve(known, given), None
-    out_dir = given.get("out_dir") or os.path.join("out", f"{task_name(known.task)}_{model_name(known.model)}")
-    state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
-    return resumed(state, known, given, out_dir), state
+    """(the Run a command line asks for, the checkpoint it continues or None): --resume and --eval_only's
+    checkpoint in --out_dir with its flags, else a new run."""
+    if given.get("resume") or given.get("eval_only"):
+        out_dir = given.get("out_dir") or os.path.join("out", f"{task_name(known.task)}_{model_name(known.model)}")
+        state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
+        return resumed(state, known, given, out_dir), state
+    return resolve(known, given), None
 
 # -----------------------------------------------------------------------------
 # the values a run may take

@@ -54,12 +54,11 @@ def build(run, device):
 # the training loop: a step, now and then a progress line, now and then an evaluation and a checkpoint
 
 
-def train_loop(run, proc, resume_state=None, eval_only=False):
-    """The run on this process (proc: its device, rank and checkpoints); exit code 0, or 1 if it diverged."""
+def train_loop(run, proc, stop, resume_state=None, eval_only=False):
+    """The run on this process (proc: its device, rank and checkpoints) until its schedule's end or its stop rule;
+    exit code 0, or 1 if it diverged."""
     train, T, device, cfg = run.train, run.train["max_iters"], proc.device, run.record
     task = run.tasks["default"]
-    # a resumed run's evaluations count towards its plateau; a --stop_at no run can meet is refused before anything
-    stop = StopRule(train, task, resume_state["history"] if resume_state else ())
     torch.manual_seed(train["seed"])
     model, opt = build(run, device)
     use_bf16, ctx = autocast(train["dtype"], device)
@@ -139,9 +138,11 @@ def run_guarded(run, resume_state=None, eval_only=False):
     """train_loop, with Ctrl-C, out of memory and a full disk reported in one line (runtime.guarded)."""
     if resume_state is None:
         check_task(run)
+    # a resumed run's evaluations count towards its plateau; a --stop_at no run can meet is refused before anything
+    stop = StopRule(run.train, run.tasks["default"], resume_state["history"] if resume_state else ())
     if run.note and os.environ.get("RANK", "0") == "0":
         print(run.note, file=sys.stderr)
-    return guarded(lambda proc: train_loop(run, proc, resume_state, eval_only), run.train,
+    return guarded(lambda proc: train_loop(run, proc, stop, resume_state, eval_only), run.train,
                    resume_state["iter"] if resume_state else None)
 
 
