@@ -1,7 +1,7 @@
 """
 The held-out checks: metrics against the exact posterior on sequences of their own (evaluate), the rule that ends a
-run at its target or plateau (--stop_at, --patience: StopRule), the verdict of a check during training (held_out),
-and the final evaluation into results.json (final_eval).
+run at its target or plateau (--stop_at, --patience: StopRule), the verdict of a check during training
+(evaluate_during), and the final evaluation into results.json (final_eval).
 """
 import math
 import os
@@ -108,7 +108,7 @@ def summary(r):
     return s + (f" | acc {r['accuracy']:.4f} (bayes {r['oracle_accuracy']:.4f})" if "accuracy" in r else "")
 
 
-def held_out(model, fwd, task, train, proc, ctx, at_eval, state, stop):
+def evaluate_during(model, fwd, task, train, proc, ctx, at_eval, state, stop):
     """Rank 0's verdict at a step that saves (proc.due), and the held-out metrics (without curves) it rests on:
     ("diverged", None) if the parameters or metrics are not finite (said), ("reached", metrics, why under "stopped")
     where the stop rule ends the run, else ("go on", metrics; None at a snapshot). state(): ckpt.pt, saved first."""

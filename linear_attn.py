@@ -247,7 +247,7 @@ class MemoryLayer(nn.Module):
         return self.c_proj(rearrange(o, "b h t d -> b t (h d)"))
 
 
-class MLP(nn.Module):
+class FeedForward(nn.Module):
 
     def __init__(self, config):
         super().__init__()
@@ -263,7 +263,7 @@ class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.ln_1, self.attn = make_norm(config, config.d_model), MemoryLayer(config)
-        self.mlp = nn.Sequential(make_norm(config, config.d_model), MLP(config)) if config.use_mlp else None
+        self.mlp = nn.Sequential(make_norm(config, config.d_model), FeedForward(config)) if config.use_mlp else None
 
     def forward(self, x, head_mask=None, record=None):
         # pre-norm residual. Def. 8 adds Norm(S q) W_O to an un-normed stream; the pre-norm keeps the

@@ -28,18 +28,17 @@ import torch
 from batches import Batches
 from checkpoints import checkpoint, print0, resume
 from commandline import cli, raised
-from evaluation import StopRule, final_eval, held_out, summary
+from evaluation import StopRule, evaluate_during, final_eval, summary
 from optim import get_lr, make_optimizer, update
 from oracles import Broken, batch_mae, check, failed
-from runtime import (CompiledOrEager, autocast, check_run_memory, data_parallel, fmt_time, global_mean, guarded,
-                     native_bf16, prepare_out_dir)
+from runtime import (CompiledOrEager, autocast, data_parallel, fmt_time, global_mean, guarded, native_bf16,
+                     prepare_out_dir)
 from settings import parse_args, start
 
 
 def build(run, device):
-    """The run's model on device, and its optimizer: refused first where a training step or an evaluation pass
-    would not fit the machine's memory. An error raised in the model's own __init__ names its file and line."""
-    check_run_memory(run, device)
+    """The run's model on device, and its optimizer (the run's memory is checked before: runtime.guarded). An error
+    raised in the model's own __init__ names its file and line."""
     try:
         model = run.Model(run.Config(**run.model_config)).to(device)
     except Exception as e:
@@ -100,7 +99,7 @@ def train_loop(run, proc, stop, resume_state=None, eval_only=False):
             continue
         verdict = "go on"  # once in a while: evaluate and save, on rank 0, whose verdict every rank follows
         if proc.alone():
-            verdict, r = held_out(model, eval_fwd, task, train, proc, ctx, at_eval, state, stop)
+            verdict, r = evaluate_during(model, eval_fwd, task, train, proc, ctx, at_eval, state, stop)
             if verdict != "diverged":  # save: ckpt.pt at an evaluation, a snapshot ckpt_<step>.pt by --ckpt_schedule
                 now = elapsed + time.time() - t_start
                 if at_eval:
@@ -143,7 +142,7 @@ def run_guarded(run, resume_state=None, eval_only=False):
     if run.note and os.environ.get("RANK", "0") == "0":
         print(run.note, file=sys.stderr)
     return guarded(lambda proc: train_loop(run, proc, stop, resume_state, eval_only), run.train,
-                   resume_state["iter"] if resume_state else None)
+                   resume_state["iter"] if resume_state else None, run=run)
 
 
 def main(argv=None):

@@ -141,7 +141,7 @@ class CausalSelfAttention(nn.Module):
         return F.dropout(self.c_proj(y), drop, self.training)
 
 
-class MLP(nn.Module):
+class FeedForward(nn.Module):
 
     def __init__(self, config):
         super().__init__()
@@ -159,7 +159,7 @@ class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.ln_1, self.attn = make_norm(config), CausalSelfAttention(config)
-        self.ln_2, self.mlp = make_norm(config), MLP(config)
+        self.ln_2, self.mlp = make_norm(config), FeedForward(config)
 
     def forward(self, x, rope=None, head_mask=None, record=None, bias=None, skip_mlp=False):
         x = x + self.attn(self.ln_1(x), rope, head_mask, record, bias)
