@@ -187,7 +187,6 @@ class MambaMixer(nn.Module):
                 self.A_log.fill_(math.log(0.01))
 
     def forward(self, x, record=None):
-        L = x.shape[1]
         x, z = rearrange(self.in_proj(x), "b l d -> b d l").chunk(2, dim=1)  # (B, d_in, L) each
         x = F.silu(causal_conv(x, self.conv1d))
         dt, B, C = self.x_proj(rearrange(x, "b d l -> b l d")).split([self.dt_rank, self.d_state, self.d_state], -1)

@@ -126,9 +126,10 @@ def muon_params(model):
 
 
 def get_lr(it, train):
-    """Linear warmup to --lr, cosine down to min_lr_ratio * lr at lr_decay_iters, then flat. `authors`: their
-    scripts' rate, which counts steps from 1 (s = it + 1): s / w of --lr, then the cosine at (s - w) / (T - w)."""
-    w, T = train["warmup_iters"], train["lr_decay_iters"] or train["max_iters"]
+    """Linear warmup to --lr, cosine down to min_lr_ratio * lr at lr_decay_iters (a resolved run's: settings.settle
+    makes 0 --max_iters), then flat. `authors`: their scripts' rate, which counts steps from 1 (s = it + 1): s / w
+    of --lr, then the cosine at (s - w) / (T - w)."""
+    w, T = train["warmup_iters"], train["lr_decay_iters"]
     s, w1 = (it + 1, w) if train.get("lr_schedule") == "authors" else (it, w + 1)
     if s < w:
         return train["lr"] * (it + 1) / w1

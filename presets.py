@@ -28,7 +28,7 @@ from linear_attn import LinearAttention, LinearAttentionConfig
 from lstm import LSTM, LSTMConfig
 from mamba import Mamba, MambaConfig
 from mlp import MLP, MLPConfig
-from tasks import IO_FIELDS
+from tasks import IO_FIELDS, task_class
 from transformer import Transformer, TransformerConfig
 
 MODELS = {"transformer": (TransformerConfig, Transformer), "mamba": (MambaConfig, Mamba),
@@ -285,6 +285,14 @@ def model_spec(spec):
 
 def model_name(spec):  # in folders (out/<task>_<name>, reproduce.py's cells) and tables: a file's model by its class
     return spec.rpartition(":")[2]
+
+
+def task_name(spec):  # the same for a task: a file's by its name, a built-in's is its name
+    return task_class(spec).name if is_spec(spec) else spec
+
+
+def default_out_dir(task, model):  # without --out_dir: out/<task>_<model>
+    return os.path.join("out", f"{task_name(task)}_{model_name(model)}")
 
 
 # -----------------------------------------------------------------------------

@@ -444,7 +444,7 @@ def check_run_memory(run, device):
     mc, eval_tasks, train_len = run.model_config, run.tasks, run.curriculum.layout.seq_len
     per_pass = min(train["eval_batch_size"] or 250, 250, max(train["eval_samples"], train["eval_samples_during"]))
     check_memory(f"--batch_size {train['batch_size']} of {train_len}-token sequences" + f" ({opts})" * bool(opts),
-                 train["batch_size"] // int(os.environ.get("WORLD_SIZE") or 1) * train_len * token_bytes(mc, True),
+                 train["batch_size"] // max(env_int("WORLD_SIZE", 1), 1) * train_len * token_bytes(mc, True),
                  device, "use a smaller --batch_size" + (" or shorter sequences" if opts else ""))
     name, task = max(eval_tasks.items(), key=lambda kv: kv[1].seq_len)
     flag = f"--eval_K {name[1:]}" if name != "default" else f"evaluating {train_len}-token sequences"

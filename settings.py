@@ -27,7 +27,7 @@ import torch
 from checkpoints import fits, load_weights, read_checkpoint, set_aside_note
 from commandline import Parser, is_spec, str2bool
 from evaluation import during_seed
-from presets import (CHOICES, HEADER_ROWS, MODELS, PRESETS, RESUMABLE, TRAIN, fill_io, model_config, model_name,
+from presets import (CHOICES, HEADER_ROWS, MODELS, PRESETS, RESUMABLE, TRAIN, default_out_dir, fill_io, model_config,
                      model_spec, resolve_model)
 from tasks import IO_FIELDS, TASKS, make_task, task_class
 
@@ -137,7 +137,7 @@ def settle(cfg, took, saved=None):
     """The Run of cfg, its derived values fixed; saved: a checkpoint's model config, which the model is rebuilt
     from (its width is not matched again, its table not resized)."""
     train = cfg["train"]
-    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{task_name(cfg['task'])}_{model_name(cfg['model'])}")
+    train["out_dir"] = train["out_dir"] or default_out_dir(cfg["task"], cfg["model"])
     train["lr_decay_iters"] = train["lr_decay_iters"] or train["max_iters"]  # fixed now, so --resume keeps it
     train["curriculum_iters"] = train["curriculum_iters"] or train["max_iters"] // 2  # so is the curriculum's
     check_train(train)  # before anything is built from them
@@ -168,10 +168,6 @@ def lengths(spec, task_opts, train):
         raise ValueError(f"--train_all_queries is an option of --task recall, not {spec!r}")
     layout = task.all_queries() if train["train_all_queries"] else task
     return tasks, layout, max(t.seq_len for t in [*tasks.values(), layout])
-
-
-def task_name(spec):  # in folders and tables: a file's task by its name, a built-in's is its name
-    return task_class(spec).name if is_spec(spec) else spec
 
 # -----------------------------------------------------------------------------
 # a resumed run: its checkpoint's settings
@@ -206,13 +202,13 @@ def resumed(state, known, given, out_dir):
 
 
 def start(known, given):
-    """(the Run a command line asks for, the checkpoint it continues or None): --resume and --eval_only's
-    checkpoint in --out_dir with its flags, else a new run."""
-    if given.get("resume") or given.get("eval_only"):
-        out_dir = given.get("out_dir") or os.path.join("out", f"{task_name(known.task)}_{model_name(known.model)}")
-        state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
-        return resumed(state, known, given, out_dir), state
-    return resolve(known, given), None
+    """(the Run a command line asks for, the checkpoint it continues or None): a new run, or --resume and
+    --eval_only's checkpoint in --out_dir with its flags."""
+    if not (given.get("resume") or given.get("eval_only")):
+        return resolve(known, given), None
+    out_dir = given.get("out_dir") or default_out_dir(known.task, known.model)
+    state = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
+    return resumed(state, known, given, out_dir), state
 
 # -----------------------------------------------------------------------------
 # the values a run may take
@@ -363,7 +359,7 @@ def parse_args(argv, doc=""):
         model_opts.setdefault("block_size", longest)
     except (ValueError, TypeError):  # the task refuses its options (flags may mend that: resolve says why)
         pass
-    train["out_dir"] = train["out_dir"] or os.path.join("out", f"{TaskCls.name}_{model_name(known.model)}")
+    train["out_dir"] = train["out_dir"] or default_out_dir(known.task, known.model)
     clash(p, known, Config, TaskCls)
     g = p.add_argument_group("training")
     for name, (_, help) in TRAIN.items():

@@ -37,7 +37,6 @@ from hardware import describe, machine, syncer
 import optim
 import presets
 import runtime
-import settings
 from tasks import make_task
 import train
 
@@ -211,6 +210,7 @@ def cell_cost(run, threads, steps=4, warmup=2):
     torch.set_num_threads(threads)
     try:
         dev = runtime.pick_device(tr["device"])
+        runtime.check_run_memory(run, dev)  # as train.py does before it allocates
         torch.manual_seed(tr["seed"])
         model, opt = train.build(run, dev)
         data, (_, ctx) = batches.Batches(run, dev, 0, 1), runtime.autocast(tr["dtype"], dev)
@@ -278,7 +278,7 @@ both MLP rows: which of the two readings it ran is not stated."""
 
 
 def cell_dir(out_root, task, model):  # task: its name or its spec (a file's task: its name)
-    return os.path.join(out_root, f"{settings.task_name(task)}_{presets.model_name(model)}")
+    return os.path.join(out_root, f"{presets.task_name(task)}_{presets.model_name(model)}")
 
 
 def load_results(out_dir):
@@ -449,7 +449,7 @@ def write_table(preset, tasks, models, out_root, results_dir, status, notes=(), 
         lines += [f"The `{preset}` preset's models and schedules are far smaller than the paper's (and its recall "
                   "task is shrunk): compare the ordering of the architectures with the paper's, not the digits.", ""]
     for task in tasks:
-        name = settings.task_name(task)
+        name = presets.task_name(task)
         body, rows = [], []
         for model in models:
             held = status.get((task, model), "").startswith("holds")  # another run's results: not this cell's

@@ -13,7 +13,6 @@ import batches
 import hardware
 import tasks
 import presets
-import runtime
 import settings
 import train
 from oracles import hmm_filter

@@ -14,8 +14,6 @@ import torch
 import checkpoints
 import commandline
 import evaluation
-import oracles
-import presets
 import runtime
 import tasks
 import train

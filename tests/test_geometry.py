@@ -19,7 +19,6 @@ import geometry
 import geometry_attention
 import geometry_jlens
 import geometry_stats
-import oracles
 import presets
 import train
 from cli import exit_code

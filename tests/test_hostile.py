@@ -15,8 +15,6 @@ import settings
 import commandline
 import mamba
 from mamba import Mamba, MambaConfig
-import oracles
-import presets
 import tasks
 import train
 

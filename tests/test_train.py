@@ -426,7 +426,8 @@ def test_schedule_warms_up_decays_by_cosine_and_stays_at_the_minimum():
     assert all(a > b for a, b in zip(lrs[10:110], lrs[11:111]))  # decays...
     assert lrs[60] == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # ...by a cosine: halfway at the middle
     assert lrs[110:] == pytest.approx([1e-4] * 20)  # then stays at min_lr_ratio * lr
-    assert optim.get_lr(99, t | dict(lr_decay_iters=0)) < optim.get_lr(99, t)  # 0 = decay over max_iters
+    run = settings.run_of("recall", "transformer", "tiny", dict(max_iters=100, lr_decay_iters=0))
+    assert run.train["lr_decay_iters"] == 100  # 0 = decay over max_iters, fixed as the run is resolved
 
 
 @pytest.mark.parametrize("flag", [["--task", "hmm"], ["--model", "lstm"], ["--preset", "paper"]])
