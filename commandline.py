@@ -7,9 +7,12 @@ before torch loads:
 - Parser: argparse with one-line errors (exit code 2) and a did-you-mean hint, negative numbers as values;
 - load_class: a class named on the command line, `PATH.py:Class` or `module:Class` (a model, a task), its file's own
   failures on import said in one line with their file and line;
-- cli(main, prog, kept): main() from the shell, its Ctrl-C, out of memory or full disk one line saying what was kept.
+- cli(main, prog, kept): main() from the shell, its Ctrl-C, out of memory or full disk one line saying what was kept;
+- run_in_process(main, argv, log): a script's main(argv) in this process, its output to a log (reproduce.py's
+  cells, conditioning.py's runs), and log_error: the line of that log saying why it stopped.
 """
 import argparse
+from contextlib import redirect_stderr, redirect_stdout
 import difflib
 import errno
 import functools
@@ -215,3 +218,29 @@ def cli(main, prog, kept):
     finally:  # the work is over: a late signal is ignored, not a traceback from the exit's clean-up (called
         for s, handler in before.items():  # from Python, as a test does, the caller's handlers come back)
             signal.signal(s, handler if handler in (signal.default_int_handler, signal.SIG_DFL) else signal.SIG_IGN)
+
+
+def run_in_process(main, argv, log, mode="a", contain=True):
+    """main(argv), a script's (train.main), in this process with its output to the file log (mode "a" adds to it,
+    "w" starts it afresh); returns its exit code. contain: a crash is its traceback in the log and exit code 1, and
+    an argument error's SystemExit its code, so that a sweep goes on (reproduce.py); else both reach the caller."""
+    with open(log, mode, buffering=1, encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
+        if not contain:
+            return main(argv)
+        try:
+            return main(argv)
+        except SystemExit as e:
+            return e.code
+        except Exception:  # a crashed cell must not stop the sweep
+            traceback.print_exc()
+            return 1
+
+
+def log_error(log):
+    """The line of a run's log that says why it stopped: its last "error:" line, else its last line."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return f"{log} cannot be read"
+    return next((line for line in reversed(lines) if ": error: " in line), lines[-1] if lines else "its log is empty")

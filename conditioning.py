@@ -9,8 +9,8 @@ One subcommand per experiment; each writes out/conditioning/<name>.json and <nam
     python conditioning.py drift         # hebbian, its decay, delta, oja under concept drift (Eqs. 16-17, 22-25)
     python conditioning.py all           # the four, then summary.md (`summary`: rebuild it and the figures)
 
-This file holds the command line and the one experiment that trains, depth_width (train.py runs in this process,
-reproduce.run_in_process); capacity, propagation and drift train nothing and are conditioning_memory.py's: Monte-Carlo
+This file holds the command line and the one experiment that trains, depth_width (train.py in this process:
+commandline.run_in_process); capacity, propagation and drift train nothing and are conditioning_memory.py's: Monte-Carlo
 draws, float64 from seeded torch.Generators, through linear_attn.memory. What each experiment measures (noise,
 SNR, capacity, chain error, the head rules, accuracy, tracking error) is defined in the docstring of its function:
 capacity and capacity_point, propagation and chain_errors, depth_width, drift with drift_stream and track.
@@ -30,12 +30,11 @@ if __name__ == "__main__":
 import torch
 
 import checkpoints
-from commandline import Parser, check_sizes, cli, str2bool
+from commandline import Parser, check_sizes, cli, log_error, run_in_process, str2bool
 from conditioning_memory import (FEATURES, capacity, capacity_figure, drift, drift_figure, propagation,
                                  propagation_figure, report_capacity, report_drift, report_propagation)
 from linear_attn import RULES, LinearAttention, LinearAttentionConfig
 from presets import count_params
-import reproduce
 import runtime
 from tasks import make_task
 import train
@@ -83,11 +82,11 @@ def depth_width(args):
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")  # the zero-width MLP's "Initializing zero-element tensors"
                         try:
-                            code = reproduce.run_in_process(train.main, argv, log, "w", contain=False)
+                            code = run_in_process(train.main, argv, log, "w", contain=False)
                         except SystemExit as e:  # train.py refused a flag or its environment, in its log
                             code = e.code
                     if code not in (0, 1):  # 1: diverged, the loss or the parameters stopped being finite
-                        raise ValueError(f"a depth_width run stopped (exit code {code}): {reproduce.log_error(log)} "
+                        raise ValueError(f"a depth_width run stopped (exit code {code}): {log_error(log)} "
                                          f"(log {log})")
                     acc = n_params = None  # a diverged run writes no results.json
                     if code == 0:

@@ -14,16 +14,15 @@ A cell is `train.py --task T --model M --preset P --out_dir OUT/B/T_M`, B the pr
 (budget); its console output goes to train.log beside results.json. A cell with a results.json is finished and
 skipped, and one with only a ckpt.pt is resumed from it, so an interrupted sweep picks up where it stopped; a
 second sweep into OUT/B is refused while one runs (claim_sweep). The cells run one after another in this process
-(run_in_process, its output to the cell's log, which conditioning.py's depth_width uses too), or several at once,
-one per GPU or per CPU core (run_cells); their sizes and stop rules come from the presets (cell_argv); the MLP has
-two rows (row_models). `--plan` times a few steps of each (time_to_target.plan).
+(commandline.run_in_process, its output to the cell's log), or several at once, one per GPU or per CPU core
+(run_cells); their sizes and stop rules come from the presets (cell_argv); the MLP has two rows (row_models).
+`--plan` times a few steps of each (time_to_target.plan).
 
 Output: table.md beside the cells (OUT/B; --results DIR elsewhere), headed by the sweep's command, machine and wall
 time (sweep.json), and a figure per task (time_to_target.write_table). Only `--results results` writes the
 committed results/, and a table of fewer finished cells goes beside the one there (table.new.md).
 `time_to_target` is time_to_target.py's program, dispatched from here (main).
 """
-from contextlib import redirect_stderr, redirect_stdout
 import json
 import os
 import re
@@ -32,7 +31,6 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 
 if __name__ == "__main__":
     from commandline import before_torch
@@ -41,7 +39,7 @@ if __name__ == "__main__":
 import torch
 
 import checkpoints
-from commandline import Parser, cli, is_spec
+from commandline import Parser, cli, is_spec, log_error, run_in_process
 import evaluation
 from hardware import describe, machine
 import presets
@@ -109,32 +107,6 @@ def other_run(r, cfg):
     if differs and differs[0] in ("task", "model"):
         return f"a {r.get('task')} x {r.get('model')} run"
     return differs and f"a run with {differs[0]} {differs[1]} (the command line gives {differs[2]})"
-
-
-def log_error(log):
-    """The line of a run's log that says why it stopped: its last "error:" line, else its last line."""
-    try:
-        with open(log, encoding="utf-8", errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip()]
-    except OSError:
-        return f"{log} cannot be read"
-    return next((line for line in reversed(lines) if ": error: " in line), lines[-1] if lines else "its log is empty")
-
-
-def run_in_process(main, argv, log, mode="a", contain=True):
-    """main(argv), a script's (train.main), in this process with its output to the file log (mode "a" adds to it,
-    "w" starts it afresh); returns its exit code. contain: a crash is its traceback in the log and exit code 1, and
-    an argument error's SystemExit its code, so that a sweep goes on (reproduce.py); else both reach the caller."""
-    with open(log, mode, buffering=1, encoding="utf-8") as f, redirect_stdout(f), redirect_stderr(f):
-        if not contain:
-            return main(argv)
-        try:
-            return main(argv)
-        except SystemExit as e:
-            return e.code
-        except Exception:  # a crashed cell must not stop the sweep
-            traceback.print_exc()
-            return 1
 
 
 def note_command(log, argv):
