@@ -34,6 +34,7 @@ from commandline import is_spec, load_class, raised
 from oracles import bijection_posterior, hmm_posterior, hop_posterior, recall_posterior, regression_posterior
 
 IGNORE = -100
+IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # what a task tells its model
 
 
 @dataclass
@@ -599,8 +600,3 @@ def make_task(name, **overrides):
     except Exception as e:
         raise ValueError(f"{name}: building it raised {raised(e, name.rpartition(':')[0])}") from None
 
-
-# -----------------------------------------------------------------------------
-# curricula: a task option grown while training (train.py --curriculum)
-
-IO_FIELDS = ("vocab_size", "n_features", "n_classes", "answer_offset", "gaussian")  # what a task tells its model
