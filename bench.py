@@ -157,7 +157,6 @@ def measure_train(task_name, model_name, size, args):
              | ({"batch_size": args.batch_size} if args.batch_size else {}))
     run = settings.run_of(task_name, model_name, size, given)
     dev = runtime.pick_device(args.device)
-    runtime.check_run_memory(run, dev)  # as train.py does before it allocates
     (model, opt), task = train.build(run, dev), run.tasks["default"]
     B, T = run.train["batch_size"], task.seq_len
     use_bf16, ctx = runtime.autocast(args.dtype, dev)  # as train.py --dtype

@@ -354,14 +354,11 @@ def prepare_out_dir(train, resumed, proc):
     return out_dir
 
 
-def guarded(loop, train, resumed_at=None, prog="train.py", run=None):
+def guarded(loop, train, resumed_at=None, prog="train.py"):
     """loop(proc) on this process's device (under torchrun: its rank's GPU, in the process group), with Ctrl-C,
     out of memory and a full disk reported in one line saying what was kept (exit code 2); a run that left
-    nothing leaves no empty folders either. resumed_at: the step of the checkpoint it continues; run: train.py's
-    Run, refused first where its training step or evaluation pass would not fit the device (check_run_memory)."""
+    nothing leaves no empty folders either. resumed_at: the step of the checkpoint it continues."""
     device = pick_device(train["device"], env_int("LOCAL_RANK", 0) if "WORLD_SIZE" in os.environ else None)
-    if run is not None:  # before the process group, the folder or the model: nothing to undo
-        check_run_memory(run, device)
     rank, world = init_distributed(train, device)
     out_dir = new = os.path.abspath(train["out_dir"])
     while not os.path.exists(os.path.dirname(new)):  # the outermost folder this run will create

@@ -210,7 +210,6 @@ def cell_cost(run, threads, steps=4, warmup=2):
     torch.set_num_threads(threads)
     try:
         dev = runtime.pick_device(tr["device"])
-        runtime.check_run_memory(run, dev)  # as train.py does before it allocates
         torch.manual_seed(tr["seed"])
         model, opt = train.build(run, dev)
         data, (_, ctx) = batches.Batches(run, dev, 0, 1), runtime.autocast(tr["dtype"], dev)
@@ -278,7 +277,7 @@ both MLP rows: which of the two readings it ran is not stated."""
 
 
 def cell_dir(out_root, task, model):  # task: its name or its spec (a file's task: its name)
-    return os.path.join(out_root, f"{presets.task_name(task)}_{presets.model_name(model)}")
+    return os.path.join(out_root, presets.run_name(task, model))
 
 
 def load_results(out_dir):

@@ -31,14 +31,15 @@ from commandline import cli, raised
 from evaluation import StopRule, evaluate_during, final_eval, summary
 from optim import get_lr, make_optimizer, update
 from oracles import Broken, batch_mae, check, failed
-from runtime import (CompiledOrEager, autocast, data_parallel, fmt_time, global_mean, guarded, native_bf16,
-                     prepare_out_dir)
+from runtime import (CompiledOrEager, autocast, check_run_memory, data_parallel, fmt_time, global_mean, guarded,
+                     native_bf16, prepare_out_dir)
 from settings import parse_args, start
 
 
 def build(run, device):
-    """The run's model on device, and its optimizer (the run's memory is checked before: runtime.guarded). An error
-    raised in the model's own __init__ names its file and line."""
+    """The run's model on device, and its optimizer: refused first where a training step or an evaluation pass
+    would not fit the machine's memory. An error raised in the model's own __init__ names its file and line."""
+    check_run_memory(run, device)
     try:
         model = run.Model(run.Config(**run.model_config)).to(device)
     except Exception as e:
@@ -142,7 +143,7 @@ def run_guarded(run, resume_state=None, eval_only=False):
     if run.note and os.environ.get("RANK", "0") == "0":
         print(run.note, file=sys.stderr)
     return guarded(lambda proc: train_loop(run, proc, stop, resume_state, eval_only), run.train,
-                   resume_state["iter"] if resume_state else None, run=run)
+                   resume_state["iter"] if resume_state else None)
 
 
 def main(argv=None):
