@@ -291,8 +291,12 @@ def task_name(spec):  # the same for a task: a file's by its name, a built-in's 
     return task_class(spec).name if is_spec(spec) else spec
 
 
-def default_out_dir(task, model):  # without --out_dir: out/<task>_<model>
-    return os.path.join("out", f"{task_name(task)}_{model_name(model)}")
+def run_name(task, model):  # <task>_<model>: a run's folder under out/ (without --out_dir), a sweep's cell's
+    return f"{task_name(task)}_{model_name(model)}"
+
+
+def default_out_dir(task, model):
+    return os.path.join("out", run_name(task, model))
 
 
 # -----------------------------------------------------------------------------

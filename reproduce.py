@@ -332,7 +332,7 @@ def sweep(args, extra):
             why = refusal(task, model)
             if why:  # e.g. a model with token inputs only, on regression
                 status[(task, model)] = "n/a"
-                notes.append(f"{presets.task_name(task)} x {presets.model_name(model)}: n/a, {why}.")
+                notes.append(f"{cell_name((task, model))}: n/a, {why}.")
                 continue
             run, r = cell_run(argv), load_results(out_dir)
             other = r and other_run(r, recorded(run))
@@ -396,7 +396,7 @@ def run_sweep(args, extra, out_root, todo, status, notes, jobs, n_gpus):
         where = (f"{n_gpus} x {torch.cuda.get_device_name(0)}" if n_gpus else describe(machine(threads(jobs))))
         meta = dict(command=" ".join(["python reproduce.py", *sys.argv[1:]]) if sys.argv[0].endswith("reproduce.py")
                     else "reproduce.main", started=time.strftime("%Y-%m-%d %H:%M %Z"), machine=where, jobs=jobs,
-                    cells=[f"{presets.task_name(t)}_{presets.model_name(m)}" for (t, m), _, _ in todo])
+                    cells=[presets.run_name(t, m) for (t, m), _, _ in todo])
         checkpoints.write_json(os.path.join(out_root, "sweep.json"), meta)
     if not args.table_only:
         print(f"{n_cells} cells, preset {args.preset}: {n_done} finished before (skipped), {len(todo)} to run, "
