@@ -22,7 +22,6 @@ import tempfile
 import time
 
 import torch
-from torch._dynamo.utils import counters
 
 import batches
 import checkpoints
@@ -240,6 +239,7 @@ def lengths_cell(args, dev):
     gen, _ = batches.data_source(run.train, dev, task)
     fell_back = []
     fwd = runtime.CompiledOrEager(model, True, fell_back.append)
+    from torch._dynamo.utils import counters  # here, not above: importing dynamo takes a second of every start
     counters.clear()
     Ks = range(task.K, task.K + 5)
     with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):

@@ -25,6 +25,7 @@ with each step, and each pass over (l, b, d) around the loop, fused by torch.com
 A <= 0 every exponent is <= 0 and nothing is divided by a decay, so all three are finite at any length.
 """
 from dataclasses import dataclass
+import functools
 import math
 import os
 import warnings
@@ -157,6 +158,7 @@ class MambaMixer(nn.Module):
         d_in, N, self.dt_rank = c.expand * c.d_model, c.d_state, c.dt_rank or math.ceil(c.d_model / 16)
         self.d_state = N
         self.scan = None if c.scan == "auto" else c.scan
+        self.untraced_scan = untraced(selective_scan)
         self.in_proj = nn.Linear(c.d_model, 2 * d_in, bias=False)
         # depthwise (groups = channels); padded by d_conv - 1 on both sides, we keep the first l outputs,
         # so output t sees inputs t - d_conv + 1 .. t only
@@ -196,10 +198,11 @@ class MambaMixer(nn.Module):
         A = -torch.exp(self.A_log)  # (d_in, N), parameters stay float32 under autocast
         B_, C_ = rearrange(B, "b l n -> b n l"), rearrange(C, "b l n -> b n l")
         if self.y_norm is None:
-            y = untraced_scan(x, delta, A, B_, C_, self.D, z, delta_bias=self.dt_proj.bias, delta_softplus=True,
-                              mode=self.scan)
+            y = self.untraced_scan(x, delta, A, B_, C_, self.D, z, delta_bias=self.dt_proj.bias,
+                                   delta_softplus=True, mode=self.scan)
         else:
-            y = untraced_scan(x, delta, A, B_, C_, delta_bias=self.dt_proj.bias, delta_softplus=True, mode=self.scan)
+            y = self.untraced_scan(x, delta, A, B_, C_, delta_bias=self.dt_proj.bias, delta_softplus=True,
+                                   mode=self.scan)
             y = gate(rearrange(self.y_norm(rearrange(y, "b d l -> b l d")), "b l d -> b d l"), x, self.D[:, None], z)
         if record is not None:
             record.update(delta=F.softplus(delta + self.dt_proj.bias[:, None]).transpose(1, 2), B=B, C=C)
@@ -282,12 +285,15 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     return (y, last_state) if return_last_state else y
 
 
-# The model's scan, which torch.compile of the model (train.py --compile) leaves out of its graphs: traced, the loop
-# over time unrolls into a graph per sequence length, so a curriculum or several evaluation lengths recompiled it
-# past dynamo's limit. Left out, the graphs around it take a new length as dynamic from the second on (dynamo's
-# automatic dynamic shapes). Outside torch.compile it is selective_scan itself; the "compiled" mode compiles its
-# own step, whose shapes do not depend on the length.
-untraced_scan = torch.compiler.disable(selective_scan)
+@functools.cache
+def untraced(fn):
+    """The model's scan, which torch.compile of the model (train.py --compile) leaves out of its graphs: traced, the
+    loop over time unrolls into a graph per sequence length, so a curriculum or several evaluation lengths recompiled
+    it past dynamo's limit. Left out, the graphs around it take a new length as dynamic from the second on (dynamo's
+    automatic dynamic shapes). Outside torch.compile it is fn itself; the "compiled" mode compiles its own step, whose
+    shapes do not depend on the length. Made as a Mamba is built, not as this file is imported: torch.compiler.disable
+    imports torch._dynamo, a second of the start of every process, most of which build no Mamba."""
+    return torch.compiler.disable(fn)
 
 
 def _check_scan_inputs(u, delta, A, B, C, D, z, delta_bias, mode, chunk):

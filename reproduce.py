@@ -241,7 +241,8 @@ def parse_args(argv):
     p.add_argument("--results", default=None, help="where table.md and the figures go (default OUT/<preset>; "
                                                    "`--results results` updates the committed table)")
     p.add_argument("--jobs", type=int, default=0, help="cells at a time (default: one per visible GPU, else one per "
-                                                       "CPU core, the cores shared out among them)")
+                                                       "CPU core, the cores shared out among them; never more than "
+                                                       "the cells to run)")
     p.add_argument("--plan", action="store_true", help="only print each cell's steps, stop rule and time on this "
                                                        "machine, projected from a few timed steps, and the total")
     p.add_argument("--commands", action="store_true", help="only print each cell still to run as one train.py "
@@ -355,6 +356,8 @@ def sweep(args, extra):
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         return 2
     n_done = len(cells) - len(todo) - len(notes)
+    if not args.jobs:  # a sweep of one cell runs it in this process, on every core, not in a child on half of them
+        jobs = max(1, min(jobs, len(todo)))
     if args.commands:  # one line a cell, as this sweep would start it (its log: the cell's train.log)
         for _, argv, log, _ in todo:
             print(f"python {os.path.join(HERE, 'train.py')} {shlex.join(argv)} >> {shlex.quote(log)} 2>&1")

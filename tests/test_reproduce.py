@@ -25,7 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_tiny_matrix_table_then_skip_then_resume(tmp_path, capsys):
     out, res = tmp_path / "out", tmp_path / "results"
-    argv = ["--preset", "tiny", "--out", str(out), "--results", str(res)]
+    # in this process, one cell after another (a child process a cell: test_own_model's sweep, --jobs 2 below)
+    argv = ["--preset", "tiny", "--out", str(out), "--results", str(res), "--jobs", "1"]
     assert run(argv) == 0
     table = (res / "table.md").read_text()
     models = [m for m in reproduce.MODEL_ORDER if m in reproduce.row_models()]
