@@ -5,6 +5,7 @@ plumbing knows nothing of tasks, models or settings. The devices, data-parallel 
 process is runtime.py's (nanochat keeps checkpoint_manager.py apart from common.py so).
 
 - checkpoints hold tensors and plain values only, so they load with weights_only=True (checkpoint, resume);
+  a run keeps the last good one, and copies by its schedule (Checkpoints);
   read_checkpoint refuses a file that is not one in a line (settings.load_checkpoint checks the run it names);
 - every file is written beside its name and renamed over it (write_file): a crash mid-write leaves the old
   file whole, and a failed write (a full disk, a file size limit) is Python's OSError naming the file;
@@ -53,7 +54,7 @@ def print0(*args, **kwargs):
         builtins.print(*args, **kwargs)
 
 # -----------------------------------------------------------------------------
-# checkpoints: what ckpt.pt holds, and a run resumed from it
+# checkpoints: what ckpt.pt holds, a run resumed from it, and the checkpoints a run keeps
 
 
 def save_checkpoint(path, state):
@@ -155,6 +156,47 @@ def resume(state, model, opt, batches, device, train):
                "from an uninterrupted run's")
         batches.gen.manual_seed(train["seed"] + state["iter"])
     return state["iter"], state["elapsed"], state["history"]
+
+class Checkpoints:
+    """The checkpoints a run keeps in its folder (rank 0 writes them): ckpt.pt at every evaluation (`kept`, the last
+    good one, which a fault report names), copies ckpt_<step>.pt by --ckpt_schedule (eval: at every evaluation, log:
+    at log-spaced steps), config.json beside the first; the old run an --overwrite set aside (`aside`) is deleted once
+    the new one has saved, or put back where it ends before (settle)."""
+
+    def __init__(self, train, resumed_at=None):
+        self.out_dir, self.every_eval = train["out_dir"], train["ckpt_schedule"] == "eval"
+        self.snapshots = snapshot_steps(train["ckpt_schedule"], train["max_iters"])
+        self.ckpt = os.path.join(self.out_dir, "ckpt.pt")
+        self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
+        self.aside = False
+        self.record = None  # the resolved run, written to config.json beside the first ckpt.pt
+
+    def due(self, it, at_eval):
+        """Whether step `it` saves: at every evaluation and at the snapshots."""
+        return at_eval or it in self.snapshots
+
+    def save_first(self, state):
+        """ckpt.pt (state(): its contents) before the run's first evaluation, so that a failure there keeps it."""
+        if self.kept is None:
+            self.save(state(), at_eval=True)
+
+    def save(self, state, at_eval):
+        it = state["iter"]
+        if at_eval:
+            save_checkpoint(self.ckpt, state)
+            if self.record is not None:  # the run's settings, resolved (settings.Run.description), once
+                write_json(os.path.join(self.out_dir, "config.json"), self.record)
+                self.record = None
+            self.kept = f"{self.ckpt} (step {it})"  # finite parameters and metrics: a good one
+            self.settle(keep_new=True)  # the run it replaces can go now
+        if self.every_eval and at_eval or it in self.snapshots:
+            save_checkpoint(os.path.join(self.out_dir, f"ckpt_{it:07d}.pt"), state)
+
+    def settle(self, keep_new):
+        """Delete the old run set aside by --overwrite (keep_new), or put it back; True if it was put back."""
+        aside, self.aside = self.aside, False
+        return aside and settle_aside(self.out_dir, keep_new)
+
 
 def ckpt_path(path):
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path

@@ -109,7 +109,7 @@ def summary(r):
 
 
 def evaluate_during(model, fwd, task, train, proc, ctx, at_eval, state, stop):
-    """Rank 0's verdict at a step that saves (proc.due), and the held-out metrics (without curves) it rests on:
+    """Rank 0's verdict at a step that saves (proc.ckpts.due), and the held-out metrics (without curves) it rests on:
     ("diverged", None) if the parameters or metrics are not finite (said), ("reached", metrics, why under "stopped")
     where the stop rule ends the run, else ("go on", metrics; None at a snapshot). state(): ckpt.pt, saved first."""
     if not all(torch.isfinite(p).all() for p in model.parameters()):
@@ -117,7 +117,7 @@ def evaluate_during(model, fwd, task, train, proc, ctx, at_eval, state, stop):
         return "diverged", None
     if not at_eval:
         return "go on", None
-    proc.save_first(state)
+    proc.ckpts.save_first(state)
     r = evaluate(fwd, task, train["eval_samples_during"], during_seed(train), proc.device, ctx, proc.eval_batch,
                  flag="--eval_samples_during")
     if not all(math.isfinite(v) for v in r.values() if isinstance(v, float)):

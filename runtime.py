@@ -12,7 +12,7 @@ checkpoints.py's.
 - a new run refuses a folder that holds another, and rank 0 takes its lock for every rank (prepare_out_dir);
 - a run's Ctrl-C, out of memory or full disk is one line saying what was kept, exit code 2 (guarded; the line is
   commandline.fault's); Proc is one process's share of a run: device, rank, the step reached and the checkpoints
-  written;
+  it keeps (checkpoints.Checkpoints);
 - a request the machine's memory cannot hold is refused before it allocates, naming its flag (check_memory);
   one that only takes long says how long, once, when it will take more than a minute (say_eta).
 """
@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoints import (check_out_dir, lock_out_dir, print0, run_files, run_tmp_files, save_checkpoint, set_aside,
-                         settle_aside, snapshot_steps, unlock_out_dir, write_json)
+from checkpoints import (Checkpoints, check_out_dir, lock_out_dir, print0, run_files, run_tmp_files, set_aside,
+                         settle_aside, unlock_out_dir)
 from commandline import fault, is_oom
 
 VERDICTS = ("go on", "reached", "diverged", "failed")  # rank 0's word: --stop_at reached, not finite, it failed
@@ -262,18 +262,12 @@ def pyplot():
 
 class Proc:
     """One process's share of a run: its device, rank (rank 0 logs, evaluates and writes) and the number of
-    processes; the step it reached and the checkpoints it wrote: ckpt.pt at every evaluation (`kept`, the last
-    good one, which a fault report names) and copies ckpt_<step>.pt by --ckpt_schedule (eval: at every
-    evaluation, log: at log-spaced steps)."""
+    processes, the step it reached, and the checkpoints it keeps (ckpts: checkpoints.Checkpoints)."""
 
     def __init__(self, device, rank, world, train, resumed_at=None):
         self.device, self.rank, self.world, self.master = device, rank, world, rank == 0
-        self.out_dir, self.every_eval = train["out_dir"], train["ckpt_schedule"] == "eval"
-        self.snapshots = snapshot_steps(train["ckpt_schedule"], train["max_iters"])
-        self.ckpt, self.step = os.path.join(self.out_dir, "ckpt.pt"), resumed_at or 0
-        self.kept = None if resumed_at is None else f"{self.ckpt} (step {resumed_at})"
-        self.lock, self.aside = None, False  # rank 0's lock on out_dir; an old run set aside by --overwrite
-        self.record = None  # the resolved run, written to config.json beside the first ckpt.pt
+        self.ckpts, self.step = Checkpoints(train, resumed_at), resumed_at or 0
+        self.lock = None  # rank 0's lock on out_dir
         self.solo = False  # rank 0 works alone while the others wait for its word (alone, verdict)
         # sequences per forward pass at evaluation: --eval_batch_size; auto: on a GPU or Mac, whose memory is the
         # limit, this process's share of a training batch; on a CPU the whole draw of 250, as before the option
@@ -291,38 +285,12 @@ class Proc:
         self.solo = False
         return rank0s(v, VERDICTS, self.world, self.device)
 
-    def save_first(self, state):
-        """ckpt.pt (state(): its contents) before the run's first evaluation, so that a failure there keeps it."""
-        if self.kept is None:
-            self.save(state(), at_eval=True)
-
-    def settle(self, keep_new):
-        """Delete the old run set aside by --overwrite (keep_new), or put it back; True if it was put back."""
-        aside, self.aside = self.aside, False
-        return aside and settle_aside(self.out_dir, keep_new)
-
     def diverged(self, what, it):
         """Say why the run stops at step it (what is not finite) and which checkpoint is the last good one; 1."""
-        back = " (the run it was to replace is put back)" if self.settle(keep_new=False) else ""
-        print0(f"{what} at step {it}: stopping; last good checkpoint: {self.kept or 'none was saved yet'}{back}",
-               file=sys.stderr)
+        back = " (the run it was to replace is put back)" if self.ckpts.settle(keep_new=False) else ""
+        print0(f"{what} at step {it}: stopping; last good checkpoint: {self.ckpts.kept or 'none was saved yet'}"
+               f"{back}", file=sys.stderr)
         return 1
-
-    def due(self, it, at_eval):
-        """Whether step `it` saves: at every evaluation and at the snapshots."""
-        return at_eval or it in self.snapshots
-
-    def save(self, state, at_eval):
-        it = state["iter"]
-        if at_eval:
-            save_checkpoint(self.ckpt, state)
-            if self.record is not None:  # the run's settings, resolved (settings.Run.describe), once
-                write_json(os.path.join(self.out_dir, "config.json"), self.record)
-                self.record = None
-            self.kept = f"{self.ckpt} (step {it})"  # finite parameters and metrics: a good one
-            self.settle(keep_new=True)  # the run it replaces can go now
-        if self.every_eval and at_eval or it in self.snapshots:
-            save_checkpoint(os.path.join(self.out_dir, f"ckpt_{it:07d}.pt"), state)
 
 
 def prepare_out_dir(train, resumed, proc):
@@ -350,7 +318,7 @@ def prepare_out_dir(train, resumed, proc):
             os.remove(f)
         if train["overwrite"] and not resumed and run_files(out_dir):
             set_aside(out_dir)
-            proc.aside = True
+            proc.ckpts.aside = True
     return out_dir
 
 
@@ -367,7 +335,7 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
     proc = Proc(device, rank, world, train, resumed_at)
     try:
         code = loop(proc)
-        proc.settle(keep_new=code == 0)  # finished (--max_iters 0 saves no checkpoint), or diverged
+        proc.ckpts.settle(keep_new=code == 0)  # finished (--max_iters 0 saves no checkpoint), or diverged
         # rank 0 evaluates and writes alone at the end: no rank tears the group down before it is done (or failed)
         if world > 1 and code != 2 and proc.verdict("go on") == "failed":
             return 2
@@ -375,11 +343,11 @@ def guarded(loop, train, resumed_at=None, prog="train.py"):
     except BaseException as e:
         if proc.solo:  # the other ranks wait for rank 0's word: that it failed (its own line says why)
             proc.verdict("failed")
-        back = proc.settle(keep_new=False)  # ended before its first checkpoint: the run it replaces stays
+        back = proc.ckpts.settle(keep_new=False)  # ended before its first checkpoint: the run it replaces stays
         if not isinstance(e, (KeyboardInterrupt, OSError)) and not is_oom(e):
             raise
-        if proc.kept:
-            kept = f"kept {proc.kept}"
+        if proc.ckpts.kept:
+            kept = f"kept {proc.ckpts.kept}"
         else:
             kept = "no checkpoint was saved" + ("; the run it was to replace is put back" if back else "")
         print0(f"{prog}: error: {fault(e)} at step {proc.step}; {kept}", file=sys.stderr)

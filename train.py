@@ -67,7 +67,8 @@ def train_loop(run, proc, stop, resume_state=None, eval_only=False):
     eval_fwd = model if proc.world > 1 else fwd  # the bare model: no gradient hooks, no collectives
     out_dir = prepare_out_dir(train, resume_state is not None, proc)
     batches = Batches(run, device, proc.rank, proc.world)
-    proc.record = run.description  # config.json, beside the first ckpt.pt
+    ckpts = proc.ckpts  # the checkpoints it keeps (checkpoints.Checkpoints)
+    ckpts.record = run.description  # config.json, beside the first ckpt.pt
     it, elapsed, history = resume(resume_state, model, opt, batches, device, train)
     print0(f"{run.task} x {run.model} | {model.num_params():,} params | device {device}"
            f"{' bf16' * use_bf16} | out {out_dir} | preset {run.entries}")
@@ -96,7 +97,7 @@ def train_loop(run, proc, stop, resume_state=None, eval_only=False):
                    f"| {(it - it_log) * train['batch_size'] * stage.seq_len / dt / 1e3:.1f}k tok/s | lr {lr:.2e} "
                    f"| eta {fmt_time(left * dt / (it - it_log))}{', or at ' + stop.what if stop.what else ''}")
             t_log, it_log = time.time(), it
-        if not proc.due(it, at_eval):
+        if not ckpts.due(it, at_eval):
             continue
         verdict = "go on"  # once in a while: evaluate and save, on rank 0, whose verdict every rank follows
         if proc.alone():
@@ -106,7 +107,7 @@ def train_loop(run, proc, stop, resume_state=None, eval_only=False):
                 if at_eval:
                     history.append(dict(iter=it, loss=lossf, time=now, **r))
                     print0(f"eval step {it}: {summary(r)}")
-                proc.save(checkpoint(cfg, run.model_config, model, opt, batches, device, it, now, history), at_eval)
+                ckpts.save(checkpoint(cfg, run.model_config, model, opt, batches, device, it, now, history), at_eval)
                 t_log, it_log = time.time(), it  # progress rates exclude evaluation time
         verdict = proc.verdict(verdict)
         if verdict == "reached":

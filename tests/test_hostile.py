@@ -501,6 +501,28 @@ def test_time_to_target_py_is_the_same_program():
                                                                        "recall, regression"), p.stderr
 
 
+def listening(port):
+    """Whether a socket listens on port (Linux's /proc/net/tcp and tcp6); None where that cannot be read."""
+    try:
+        rows = [line.split() for f in ("/proc/net/tcp", "/proc/net/tcp6") for line in open(f).readlines()[1:]]
+    except OSError:
+        return None
+    return any(r[1].endswith(f":{port:04X}") and r[3] == "0A" for r in rows)  # 0A: LISTEN
+
+
+def wait_for(ready, p, fallback=5.0):
+    """Until ready() (or p ends, or a minute passes); where ready() cannot tell (None), fallback seconds."""
+    deadline = time.time() + 60
+    while p.poll() is None and time.time() < deadline:
+        now = ready()
+        if now is None:
+            time.sleep(fallback)
+            return
+        if now:
+            return
+        time.sleep(0.05)
+
+
 def free_port():
     import socket
     try:
@@ -539,11 +561,17 @@ def test_a_signal_ends_a_rank_waiting_for_its_partners(tmp_path, sig, rank):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    port = free_port()
     env = dict(os.environ, WORLD_SIZE="2", RANK=rank, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")  # rank 1: no rank 0 to reach
+               MASTER_PORT=str(port), OMP_NUM_THREADS="1")  # rank 1: no rank 0 to reach
     p = subprocess.Popen([sys.executable, "train.py", *TINY_RUN, "--out_dir", str(tmp_path / "run")], cwd=root,
                          env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(5)  # imported, and waiting for rank 1 (300 s before it gives up)
+    # imported, and waiting for its partner (300 s before it gives up): rank 0 once its store listens on the port;
+    # rank 1, which only tries to connect, after a wait that covers its start
+    if rank == "0":
+        wait_for(lambda: listening(port), p)
+    else:
+        time.sleep(5)
     p.send_signal(sig)
     err = p.communicate(timeout=10)[1].strip()
     assert p.returncode == 2 and err == "train.py: error: interrupted; nothing was written (training had not started)"
@@ -707,7 +735,7 @@ def test_a_rank_whose_port_another_kind_of_server_holds_ends_on_a_signal(tmp_pat
     p = subprocess.Popen([sys.executable, "train.py", *TINY_RUN, "--out_dir", str(tmp_path / "run")], cwd=root,
                          env=env, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(5)  # imported, connected, and waiting for an answer that never comes
+        wait_for(lambda: bool(held), p)  # imported, connected, and waiting for an answer that never comes
         p.send_signal(signal.SIGTERM)
         err = p.communicate(timeout=10)[1].strip()
     finally:

@@ -655,7 +655,7 @@ def test_the_authors_preset_builds_their_recipe_and_model():
     lr_at = lambda s: 3e-4 * s / 2000 if s < 2000 else 3e-4 * 0.5 * (1 + math.cos(math.pi * (s - 2000) / 48_000))
     for it in (0, 1, 1998, 1999, 2000, 2500, 25_000, 49_999):
         assert optim.get_lr(it, t) == pytest.approx(lr_at(it + 1), rel=1e-12, abs=1e-15)
-    snapshots = runtime.Proc(torch.device("cpu"), 0, 1, t).snapshots
+    snapshots = runtime.Proc(torch.device("cpu"), 0, 1, t).ckpts.snapshots
     assert sorted(snapshots)[:12] == [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1500, 2000]
     assert {5000, 6000, 10_000, 15_000, 50_000} <= snapshots and len(snapshots) == 31
 
