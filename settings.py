@@ -10,6 +10,8 @@ train.py, the sweeps and the diagnostics read that, and the run writes it beside
 - derived once: the decay and curriculum horizons, the out dir, the tasks (each distinct task built once: the
   training task, each --eval_K length, the curriculum's stages), the model's whole config (the task's I/O fields, a
   block size that holds the longest sequence, the width --match_params asks for);
+- refused in a line before anything is built: a value no run can take (check_train), a task from a file that
+  breaks its contract or whose posterior fails the check against its own sampler (check_task);
 - a resumed run is its checkpoint's settings, with only the RESUMABLE ones changed by flags; a checkpoint opens as
   a model again (load) only through the task and model it names, checked (load_checkpoint).
 """
@@ -27,6 +29,7 @@ import torch
 from checkpoints import fits, load_weights, read_checkpoint, set_aside_note
 from commandline import Parser, is_spec, str2bool
 from evaluation import during_seed
+from oracles import Broken, check, failed
 from presets import (CHOICES, HEADER_ROWS, MODELS, PRESETS, RESUMABLE, TRAIN, default_out_dir, fill_io, model_config,
                      model_spec, resolve_model)
 from tasks import IO_FIELDS, TASKS, make_task, task_class
@@ -246,6 +249,22 @@ def check_device(name):
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", name):
         raise ValueError(f"--device {name!r}: expected auto, cpu, cuda, cuda:N or mps")
 
+
+def check_task(run, n_seq=1000, pairs=8):
+    """A new run's task from a file: its contract and a short form of its posterior's check against its own sampler
+    (oracles.check, n_seq sequences), refused in one line where either fails; the built-ins' pass it (a test)."""
+    if "task" not in run.files or os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        why = failed(check(run.tasks["default"], n_seq=n_seq, pairs=pairs, say=lambda line: None))
+    except Broken as e:
+        raise ValueError(f"--task {run.task} breaks the task contract (README, \"Bring your own task\"): {e}") from None
+    if why:
+        raise ValueError(f"--task {run.task}: its posterior fails the check: {why}; `python oracles.py check "
+                         f"{run.task}` runs the whole check")
+    print(f"posterior check of {run.tasks['default'].name} ({n_seq:,} sequences of its sampler, oracles.check): holds")
+
+
 # -----------------------------------------------------------------------------
 # a curriculum: a task option grown while training (--curriculum NAME=START, Garg et al. 2022)
 
@@ -337,9 +356,9 @@ def parse_args(argv, doc=""):
     pre.add_argument("--dry_run", action="store_true", help="print the whole resolved run (every setting, the model's "
                      "config, its parameters) and exit")
     known, _ = pre.parse_known_args(argv)
-    for flag, check in (("task", task_spec), ("model", model_spec)):
+    for flag, spec_of in (("task", task_spec), ("model", model_spec)):
         try:
-            setattr(known, flag, getattr(known, flag) and check(getattr(known, flag)))
+            setattr(known, flag, getattr(known, flag) and spec_of(getattr(known, flag)))
         except ValueError as e:
             pre.error(f"--{flag} {e}")
     known.explicit = {k: v for k, v in vars(known).items() if v is not None and k in ("task", "model", "preset")}

@@ -30,10 +30,10 @@ from checkpoints import checkpoint, print0, resume
 from commandline import cli, raised
 from evaluation import StopRule, evaluate_during, final_eval, summary
 from optim import get_lr, make_optimizer, update
-from oracles import Broken, batch_mae, check, failed
+from oracles import batch_mae
 from runtime import (CompiledOrEager, autocast, check_run_memory, data_parallel, fmt_time, global_mean, guarded,
                      native_bf16, prepare_out_dir)
-from settings import parse_args, start
+from settings import check_task, parse_args, start
 
 
 def build(run, device):
@@ -120,33 +120,6 @@ def train_loop(run, proc, stop, resume_state=None, eval_only=False):
     return 0
 
 
-def check_task(run, n_seq=1000, pairs=8):
-    """A task from a file: its contract and a short form of its posterior's check against its own sampler
-    (oracles.check, n_seq sequences), refused in one line where either fails; the built-ins' pass it (a test)."""
-    if "task" not in run.files or os.environ.get("RANK", "0") != "0":
-        return
-    try:
-        why = failed(check(run.tasks["default"], n_seq=n_seq, pairs=pairs, say=lambda line: None))
-    except Broken as e:
-        raise ValueError(f"--task {run.task} breaks the task contract (README, \"Bring your own task\"): {e}") from None
-    if why:
-        raise ValueError(f"--task {run.task}: its posterior fails the check: {why}; `python oracles.py check "
-                         f"{run.task}` runs the whole check")
-    print(f"posterior check of {run.tasks['default'].name} ({n_seq:,} sequences of its sampler, oracles.check): holds")
-
-
-def run_guarded(run, resume_state=None, eval_only=False):
-    """train_loop, with Ctrl-C, out of memory and a full disk reported in one line (runtime.guarded)."""
-    if resume_state is None:
-        check_task(run)
-    # a resumed run's evaluations count towards its plateau; a --stop_at no run can meet is refused before anything
-    stop = StopRule(run.train, run.tasks["default"], resume_state["history"] if resume_state else ())
-    if run.note and os.environ.get("RANK", "0") == "0":
-        print(run.note, file=sys.stderr)
-    return guarded(lambda proc: train_loop(run, proc, stop, resume_state, eval_only), run.train,
-                   resume_state["iter"] if resume_state else None)
-
-
 def main(argv=None):
     known, given, parser = parse_args(sys.argv[1:] if argv is None else argv, __doc__)
     try:
@@ -154,7 +127,15 @@ def main(argv=None):
         if given.get("dry_run"):
             print(json.dumps(run.description, indent=1))
             return 0
-        return run_guarded(run, state, eval_only=bool(given.get("eval_only")))
+        if state is None:
+            check_task(run)
+        # a resumed run's evaluations count towards its plateau; a --stop_at no run can meet is refused before anything
+        stop = StopRule(run.train, run.tasks["default"], state["history"] if state else ())
+        if run.note and os.environ.get("RANK", "0") == "0":
+            print(run.note, file=sys.stderr)
+        # the loop, with Ctrl-C, out of memory and a full disk reported in one line saying what was kept
+        return guarded(lambda proc: train_loop(run, proc, stop, state, bool(given.get("eval_only"))), run.train,
+                       state["iter"] if state else None)
     except ValueError as e:
         flag = re.match(r"--(curriculum|curriculum_hold) ", str(e))
         if flag and flag[1] not in given and not given.get("resume"):

@@ -126,7 +126,7 @@ def test_compile_falls_back_to_eager_at_a_later_recompile(tmp_path, monkeypatch,
 def test_a_sweep_of_compiled_runs_in_one_process_stays_compiled(tmp_path, monkeypatch):
     # without a reset per run the third would find dynamo's recompile limit used up by the first two and run
     # eager, saying nothing; here hitting the limit raises, so a run would say "torch.compile failed"
-    compiled, per_run, real_run = [], [], train.run_guarded
+    compiled, per_run, real_run = [], [], train.train_loop
 
     def backend(gm, inputs):
         compiled.append(gm)
@@ -139,7 +139,7 @@ def test_a_sweep_of_compiled_runs_in_one_process_stays_compiled(tmp_path, monkey
         return rc
 
     compile_with(monkeypatch, backend)
-    monkeypatch.setattr(train, "run_guarded", run)
+    monkeypatch.setattr(train, "train_loop", run)
     out = tmp_path / "out"
     # config.patch, not monkeypatch: undoing a monkeypatch deletes the option, which hides it from later tests
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
