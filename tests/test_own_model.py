@@ -237,7 +237,7 @@ def test_reproduce_writes_n_a_where_a_model_cannot_take_the_task(tmp_path, capsy
     conv = model_file(tmp_path, "conv", CONV_PY)
     out, res = tmp_path / "out", tmp_path / "results"
     argv = ["--preset", "tiny", "--tasks", "bijection,regression", "--models", f"transformer,{conv}:Conv",
-            "--out", str(out), "--results", str(res)]
+            "--out", str(out), "--results", str(res), "--jobs", "1"]
     assert exit_code(reproduce.main, argv) == 0
     said, table = capsys.readouterr().out, (res / "table.md").read_text()
     assert "4 cells, preset tiny: 0 finished before (skipped), 3 to run, 1 n/a" in said

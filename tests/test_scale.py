@@ -28,10 +28,19 @@ def run(cmd, out_dir, *extra):
         return losses, json.load(f), p.stdout
 
 
-def test_data_parallel_follows_the_single_process_trajectory(tmp_path):
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory):
+    """The single-process float32 run of TINY, which the data-parallel, compiled and bf16 runs are held against:
+    (losses, results, its folder)."""
+    out_dir = tmp_path_factory.mktemp("eager")
+    losses, results, _ = run([sys.executable, "train.py"], out_dir)
+    return losses, results, out_dir
+
+
+def test_data_parallel_follows_the_single_process_trajectory(tmp_path, eager):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py"]
     ddp_losses, ddp, out = run(torchrun, tmp_path / "ddp")
-    one_losses, one, _ = run([sys.executable, "train.py"], tmp_path / "one")
+    one_losses, one, one_dir = eager
     assert len(ddp_losses) == len(one_losses) == 6
     assert out.count("wrote ") == 1  # rank 0 alone logs and writes results.json
     for a, b in zip(ddp_losses, one_losses):
@@ -43,7 +52,7 @@ def test_data_parallel_follows_the_single_process_trajectory(tmp_path):
     # the same function at the end (compared on outputs: Adam turns the float noise in the gradient of
     # the attention's key bias, zero in exact arithmetic, into different steps), and it moved from the init
     outs = []
-    for state in [torch.load(tmp_path / d / "ckpt.pt", weights_only=True) for d in ("ddp", "one")] + [None]:
+    for state in [torch.load(d / "ckpt.pt", weights_only=True) for d in (tmp_path / "ddp", one_dir)] + [None]:
         torch.manual_seed(ddp["config"]["train"]["seed"])  # the run's initialisation
         c = ddp["config"]
         r = settings.run_of(c["task"], c["model"], c["preset"], c["train"] | c["task_opts"] | c["model_opts"])
@@ -64,17 +73,16 @@ def test_data_parallel_needs_a_divisible_batch(tmp_path):
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                     reason="torch.compile needs a C compiler on CPU")
-def test_compiled_training_matches_eager(tmp_path):
+def test_compiled_training_matches_eager(tmp_path, eager):
     compiled, _, out = run([sys.executable, "train.py"], tmp_path / "c", "--compile")
-    eager, _, _ = run([sys.executable, "train.py"], tmp_path / "e")
     assert "torch.compile failed" not in out
-    for a, b in zip(compiled, eager):
+    for a, b in zip(compiled, eager[0]):
         assert a == pytest.approx(b, abs=1e-3)
 
 
-def test_bf16_autocast_trains_close_to_float32(tmp_path):
+def test_bf16_autocast_trains_close_to_float32(tmp_path, eager):
     bf16, _, out = run([sys.executable, "train.py"], tmp_path / "b", "--dtype", "bfloat16")
-    fp32, _, _ = run([sys.executable, "train.py"], tmp_path / "f")
+    fp32 = eager[0]
     assert "bf16" in out.splitlines()[0]
     assert bf16 != fp32 and all(abs(a - b) < 0.05 for a, b in zip(bf16, fp32))  # bf16 rounding, not another run
 
