@@ -287,12 +287,12 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 
 @functools.cache
 def untraced(fn):
-    """The model's scan, which torch.compile of the model (train.py --compile) leaves out of its graphs: traced, the
-    loop over time unrolls into a graph per sequence length, so a curriculum or several evaluation lengths recompiled
-    it past dynamo's limit. Left out, the graphs around it take a new length as dynamic from the second on (dynamo's
-    automatic dynamic shapes). Outside torch.compile it is fn itself; the "compiled" mode compiles its own step, whose
-    shapes do not depend on the length. Made as a Mamba is built, not as this file is imported: torch.compiler.disable
-    imports torch._dynamo, a second of the start of every process, most of which build no Mamba."""
+    """fn (the model's scan) as torch.compile of the model (train.py --compile) leaves it out of its graphs: traced,
+    the loop over time unrolls into a graph per sequence length, so a curriculum or several evaluation lengths
+    recompiled it past dynamo's limit. Left out, the graphs around it take a new length as dynamic from the second on
+    (dynamo's automatic dynamic shapes). Outside torch.compile it is fn itself; the "compiled" mode compiles its own
+    step, whose shapes do not depend on the length. Made as a Mamba is built, not as this file is imported:
+    torch.compiler.disable imports torch._dynamo, a second of the start of every process, most of which build none."""
     return torch.compiler.disable(fn)
 
 
