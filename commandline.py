@@ -208,6 +208,9 @@ def cli(main, prog, kept):
         if getattr(e, "reported_to", None) is not sys.stderr:
             print(f"{prog}: error: interrupted; {kept}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:  # its reader went away (`--dry_run | head`): it had read what it wanted; nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would raise it again
+        sys.exit(1)
     except (OSError, MemoryError, RuntimeError) as e:  # a full or read-only disk, no memory: one line
         if not (isinstance(e, OSError) or is_oom(e)):
             raise

@@ -117,6 +117,16 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     assert len(err.splitlines()) == 1 and want in err and "weights_only" not in err, err
 
 
+def test_a_reader_gone_before_the_output_is_no_error_line():
+    """`train.py --dry_run | head`: a reader that stopped reading (here: before the first line) cuts the output
+    short, exit code 1, with nothing on stderr (no "Broken pipe" line, no "Exception ignored" at exit)."""
+    p = subprocess.Popen([sys.executable, "train.py", "--dry_run"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 1 and err == "", err
+
+
 def test_cli_exit_code_and_no_traceback():
     p = subprocess.run([sys.executable, "train.py", "--task", "recall", "--n_pairs", "0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
