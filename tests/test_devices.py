@@ -343,7 +343,6 @@ def test_a_rank_0_failure_under_torchrun_ends_every_rank_within_seconds(tmp_path
     import socket
     import subprocess
     import sys
-    import time
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -357,7 +356,6 @@ def test_a_rank_0_failure_under_torchrun_ends_every_rank_within_seconds(tmp_path
              for r in range(2)]
     try:
         outs = [p.communicate(timeout=120) for p in procs]  # without rank 0's word, rank 1 waits 30 minutes (gloo)
-        ended = time.time()
     finally:
         for p in procs:
             if p.poll() is None:

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from conftest import loss_before_after
 from linear_attn import RULES, LinearAttention, LinearAttentionConfig, memory
 import settings
-import train
 
 torch.set_num_threads(1)
 CASES = [("hebbian", None), ("hebbian", 0.9), ("delta", None), ("oja", None)]  # (rule, decay)

@@ -12,7 +12,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hardware import SCAN_NAMES as NAMES, rel_err, run_scan, scan_inputs  # the comparison `bench.py gpu` runs on a GPU
 from mamba import SCAN_MODES, Mamba, MambaConfig, linear_scan, selective_scan, selective_scan_ref
 import settings
-import train
 
 torch.set_num_threads(1)
 

@@ -12,7 +12,6 @@ import pytest
 
 import settings
 import commandline
-import checkpoints
 import presets
 import reproduce
 import train

@@ -3,7 +3,6 @@
 from dataclasses import dataclass, replace
 import json
 import os
-import textwrap
 
 import pytest
 import torch

@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 import reproduce
 import presets

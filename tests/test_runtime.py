@@ -16,7 +16,6 @@ import torch
 
 import commandline
 import checkpoints
-import runtime
 import tasks
 import train
 from cli import exit_code

@@ -4,8 +4,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 
 from unittest import mock
 
@@ -18,7 +16,6 @@ import evaluation
 import optim
 import runtime
 import tasks
-import oracles
 import presets
 import train
 from cli import exit_code
