@@ -344,12 +344,24 @@ def fit_block_size(Config, Model, mc, longest):
     raise ValueError(f"sequences of length {longest} exceed the model's context block_size={mc['block_size']}")
 
 
+class SkipNormalInit(torch.overrides.TorchFunctionMode):
+    """A meta model's normal initialisations (nn.init.normal_, xavier_normal_, Tensor.normal_, ...) return their
+    tensor as it is: its values are never read, and on the meta device normal_ runs torch's Python reference, whose
+    first call imports torch._dynamo, a second of the start of every run."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        t = args[0] if args else (kwargs or {}).get("tensor")
+        if getattr(func, "__name__", "").endswith("normal_") and isinstance(t, torch.Tensor) and t.is_meta:
+            return t
+        return func(*args, **(kwargs or {}))
+
+
 def meta_model(Config, Model, mc):
     """The model on the meta device (shapes only: no memory, no init work); an error raised in a file model's own
     __init__ names its file and line."""
     config = Config(**mc)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), SkipNormalInit():
             return Model(config)
     except Exception as e:
         if (Config, Model) in MODELS.values():  # a built-in's: a bug of ours, with its traceback

@@ -116,6 +116,18 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, capsys, bad):
     assert len(err.splitlines()) == 1 and want in err and "weights_only" not in err, err
 
 
+def test_the_scripts_and_a_resolved_run_leave_torch_dynamo_unimported():
+    """Importing a script, and resolving a run (its model on the meta device: --dry_run, --help, a sweep's plan), load
+    no torch._dynamo, a second of every start: torch.compile, a Mamba and an optimizer import it as they are made."""
+    code = ("import sys, settings, train, reproduce, geometry, bench, conditioning\n"
+            "for task, model in (('hmm', 'transformer'), ('regression', 'lstm'), ('bijection', 'mlp'), "
+            "('recall', 'linear_attn')):\n"
+            "    settings.run_of(task, model, 'paper')\n"
+            "print('torch._dynamo' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stdout + p.stderr
+
+
 def test_a_reader_gone_before_the_output_is_no_error_line():
     """`train.py --dry_run | head`: a reader that stopped reading (here: before the first line) cuts the output
     short, exit code 1, with nothing on stderr (no "Broken pipe" line, no "Exception ignored" at exit)."""
