@@ -347,7 +347,7 @@ def fit_block_size(Config, Model, mc, longest):
 class SkipNormalInit(torch.overrides.TorchFunctionMode):
     """A meta model's normal initialisations (nn.init.normal_, xavier_normal_, Tensor.normal_, ...) return their
     tensor as it is: its values are never read, and on the meta device normal_ runs torch's Python reference, whose
-    first call imports torch._dynamo, a second of the start of every run."""
+    first call imports torch._dynamo, a second of every command that only resolves a run (--dry_run, --help, a plan)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         t = args[0] if args else (kwargs or {}).get("tensor")
