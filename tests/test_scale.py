@@ -87,13 +87,22 @@ def test_bf16_autocast_trains_close_to_float32(tmp_path, eager):
     assert bf16 != fp32 and all(abs(a - b) < 0.05 for a, b in zip(bf16, fp32))  # bf16 rounding, not another run
 
 
-def test_bench_counts_the_flops_of_every_model(tmp_path):
+def test_bench_counts_the_flops_of_every_model(tmp_path, capsys):
     import bench
-    rows = tmp_path / "bench.json"
-    assert bench.main(["train", "--task", "bijection", "--sizes", "quick", "--batch_size", "8", "--reps", "1",
-                       "--warmup", "0", "--threads", "1", "--peak_n", "128", "--json", str(rows)]) == 0
-    rows = json.load(open(rows))
-    assert [r["model"] for r in rows] == ["transformer", "mamba", "lstm", "mlp", "linear_attn"]
+    flags = ["--task", "bijection", "--batch_size", "8", "--reps", "1", "--warmup", "0", "--threads", "1", "--peak_n",
+             "128"]
+    models, threads, rows = bench.train_args([])[1], torch.get_num_threads(), []
+    assert models == ["transformer", "mamba", "lstm", "mlp", "linear_attn"]  # the default rows
+    try:  # each row as its process of its own measures it (--one), here in this one
+        for model in models:
+            assert bench.main(["train", "--one", model, "quick"] + flags) == 0
+            rows.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    finally:
+        torch.set_num_threads(threads)  # a row sets its process's threads
+    # and one row through its own process, into --json
+    assert bench.main(["train", "--models", "mlp", "--sizes", "quick", "--json", str(tmp_path / "b.json")] + flags) == 0
+    (mlp,) = json.load(open(tmp_path / "b.json"))
+    assert (mlp["model"], mlp["params"], mlp["gflop_per_step"]) == ("mlp", rows[3]["params"], rows[3]["gflop_per_step"])
     for r in rows:
         # about 6 flops per parameter per token (forward 2, backward 4): a few parameters cost none (position
         # tables, the MLP's padded prefix weights), attention adds some; a model whose main matmuls went
