@@ -18,6 +18,7 @@ checkpoints.py's.
 """
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
+import importlib
 import inspect
 import os
 import platform
@@ -111,6 +112,9 @@ def init_distributed(train, device):
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # dynamo imported before the group's threads start, not after (the optimizer imports it): imported after,
+        # 4 of 16 two-process runs here aborted at their exit ("terminate called without an active exception")
+        importlib.import_module("torch._dynamo")
         store = rendezvous(rank, world)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=world)
     return dist.get_rank(), world
