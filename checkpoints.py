@@ -157,6 +157,7 @@ def resume(state, model, opt, batches, device, train):
         batches.gen.manual_seed(train["seed"] + state["iter"])
     return state["iter"], state["elapsed"], state["history"]
 
+
 class Checkpoints:
     """The checkpoints a run keeps in its folder (rank 0 writes them): ckpt.pt at every evaluation (`kept`, the last
     good one, which a fault report names), copies ckpt_<step>.pt by --ckpt_schedule (eval: at every evaluation, log:

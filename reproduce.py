@@ -323,7 +323,6 @@ def sweep(args, extra):
     out_root = os.path.join(args.out, args.budget)
     cells = [(t, m) for t in args.tasks for m in args.models]
     n_gpus = torch.cuda.device_count() if args.preset != "tiny" else 0
-    jobs = args.jobs or n_gpus or cores()
     todo, status = [], {}
     notes = []  # why each n/a cell is
     try:  # before any cell runs: a bad flag or value in `extra` (presets.parse_args: its own one line, exit 2)
@@ -356,8 +355,9 @@ def sweep(args, extra):
         print(f"reproduce.py: error: {e}", file=sys.stderr)
         return 2
     n_done = len(cells) - len(todo) - len(notes)
-    if not args.jobs:  # a sweep of one cell runs it in this process, on every core, not in a child on half of them
-        jobs = max(1, min(jobs, len(todo)))
+    # by default one per GPU, else per core, and no more than the cells to run: a sweep of one cell runs it in this
+    # process, on every core, not in a child on half of them
+    jobs = args.jobs or max(1, min(n_gpus or cores(), len(todo)))
     if args.commands:  # one line a cell, as this sweep would start it (its log: the cell's train.log)
         for _, argv, log, _ in todo:
             print(f"python {os.path.join(HERE, 'train.py')} {shlex.join(argv)} >> {shlex.quote(log)} 2>&1")
